@@ -1,0 +1,190 @@
+//! `rao`: validate, plan, run and inspect RAO training pipelines.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use rao_pipeline::{Compiled, Registry, Reporter, RunOptions, Store};
+
+#[derive(Parser)]
+#[command(name = "rao", version, about = "Declarative, reproducible pipelines for training recursive agents with RAO")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct PipelineArgs {
+    /// The pipeline file (YAML).
+    pipeline: PathBuf,
+    /// Override a value: `params.lr=0.001`, `stages.train.loop.max_iterations=20`, `seed=7`.
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    set: Vec<String>,
+    /// Use this store instead of the pipeline's (path, file://, memory://, s3://, gs://, az://).
+    #[arg(long)]
+    store: Option<String>,
+}
+
+#[derive(Copy, Clone, ValueEnum)]
+enum Format {
+    Text,
+    Dot,
+    Mermaid,
+    Json,
+}
+
+#[derive(Copy, Clone, ValueEnum, PartialEq)]
+enum ExecutorKind {
+    /// Run stages inside this process.
+    InProcess,
+    /// Run each stage as a separate `rao exec` process.
+    Process,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a pipeline file; nothing runs.
+    Validate {
+        #[command(flatten)]
+        p: PipelineArgs,
+    },
+    /// Show the compiled DAG: which stages are cached and which would run, and why.
+    Plan {
+        #[command(flatten)]
+        p: PipelineArgs,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+        /// One node per stage entry instead of per instance (loops and matrices folded).
+        #[arg(long)]
+        folded: bool,
+    },
+    /// Run the pipeline: everything not already in the store.
+    Run {
+        #[command(flatten)]
+        p: PipelineArgs,
+        /// Stage instances run at once (default: number of CPUs).
+        #[arg(long, short = 'j')]
+        jobs: Option<usize>,
+        /// GPUs available to stages that ask for them.
+        #[arg(long, default_value_t = 0)]
+        gpus: u32,
+        /// Re-run this stage (or instance) and everything downstream, even if cached.
+        #[arg(long)]
+        force: Vec<String>,
+        /// Run only this stage and what depends on it (upstream must be done).
+        #[arg(long)]
+        from: Vec<String>,
+        /// Run only this stage (its inputs must be done).
+        #[arg(long)]
+        only: Vec<String>,
+        /// Machine-readable event stream on stdout (one JSON object per line).
+        #[arg(long)]
+        json: bool,
+        #[arg(long, value_enum, default_value = "in-process")]
+        executor: ExecutorKind,
+    },
+    /// Per stage instance: done, stale or missing, with the reason.
+    Status {
+        #[command(flatten)]
+        p: PipelineArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run one stage instance by itself (what remote executors call). Its inputs must be done.
+    Exec {
+        #[command(flatten)]
+        p: PipelineArgs,
+        /// The instance name, e.g. `rollout@3` or `evaluate[band=hard]`.
+        instance: String,
+        /// No progress lines.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Print the JSON Schema of pipeline files.
+    Schema,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    match rt.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn load(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<(Compiled, Store)> {
+    let mut c = rao_pipeline::load(&p.pipeline, &p.set, registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+    if let Some(s) = &p.store {
+        c.store_url = s.clone();
+    }
+    let store = Store::open(&c.store_url, &c.base_dir)?;
+    Ok((c, store))
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let registry = rao_stages::registry();
+    match cli.command {
+        Command::Validate { p } => {
+            let c = rao_pipeline::load(&p.pipeline, &p.set, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+            println!("{}: ok ({} stage instances, {} loops)", p.pipeline.display(), c.instances.len(), c.loops.len());
+        }
+        Command::Plan { p, format, folded } => {
+            let (c, store) = load(&p, &registry)?;
+            let rows = rao_pipeline::plan::rows(&c, &store).await?;
+            let out = match format {
+                Format::Text => rao_pipeline::plan::render_text(&c, &rows, folded),
+                Format::Dot => rao_pipeline::plan::render_dot(&c, &rows, folded),
+                Format::Mermaid => rao_pipeline::plan::render_mermaid(&c, &rows, folded),
+                Format::Json => serde_json::to_string_pretty(&rows)? + "\n",
+            };
+            print!("{out}");
+        }
+        Command::Status { p, json } => {
+            let (c, store) = load(&p, &registry)?;
+            let rows = rao_pipeline::plan::rows(&c, &store).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                print!("{}", rao_pipeline::plan::render_status(&rows));
+            }
+        }
+        Command::Run { p, jobs, gpus, force, from, only, json, executor } => {
+            let (c, store) = load(&p, &registry)?;
+            let reporter = if json { Reporter::json() } else { Reporter::auto() };
+            let exec: Arc<dyn rao_pipeline::Executor> = match executor {
+                ExecutorKind::InProcess => Arc::new(rao_pipeline::InProcess { registry: Arc::new(registry.clone()), store: store.clone(), reporter: reporter.clone() }),
+                ExecutorKind::Process => Arc::new(rao_pipeline::LocalProcess { exe: std::env::current_exe()?, store: store.clone(), reporter: reporter.clone() }),
+            };
+            let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+            let opts = RunOptions { jobs, gpus, force, from, only, reporter, handle_ctrl_c: true };
+            let record = rao_pipeline::run(Arc::new(c), exec, &store, opts).await?;
+            let failures = record.failures();
+            if !failures.is_empty() && !json {
+                eprintln!("\n{} stage(s) failed:", failures.len());
+                for (name, why) in &failures {
+                    eprintln!("  {name}: {why}");
+                }
+            }
+            return Ok(match record.status.as_str() {
+                "succeeded" => ExitCode::SUCCESS,
+                "cancelled" => ExitCode::from(130),
+                _ => ExitCode::FAILURE,
+            });
+        }
+        Command::Exec { p, instance, quiet } => {
+            let (c, store) = load(&p, &registry)?;
+            let reporter = if quiet { Reporter::silent() } else { Reporter::plain() };
+            let m = rao_pipeline::exec::execute_by_name(&c, &registry, &store, &instance, &reporter).await?;
+            if !quiet {
+                println!("{}", serde_json::to_string_pretty(&m)?);
+            }
+        }
+        Command::Schema => print!("{}", rao_pipeline::schema::pipeline_schema_text(&registry)),
+    }
+    Ok(ExitCode::SUCCESS)
+}

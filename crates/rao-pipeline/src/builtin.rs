@@ -1,0 +1,158 @@
+//! Built-in kinds that need no RL: `shell` (run a command) and `noop` (for tests and benchmarks).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::kind::{InputDecl, ParamError, StageContext, StageKind, check_typed};
+
+/// Params of `shell`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShellParams {
+    /// Run with `sh -c` in the pipeline file's directory. `${inputs.NAME}` and `${outputs.NAME}`
+    /// expand to directories (also in env vars `RAO_IN_NAME` / `RAO_OUT_NAME`), `${seed}` to the seed.
+    pub command: String,
+    /// Local files (relative to the pipeline file) the command reads: their content is part
+    /// of the fingerprint, so editing a script re-runs the stage.
+    #[serde(default)]
+    pub deps: Vec<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+pub struct Shell;
+
+impl StageKind for Shell {
+    fn name(&self) -> &'static str {
+        "shell"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn describe(&self) -> &'static str {
+        "run a shell command; inputs and outputs are directories passed by path"
+    }
+    fn params_schema(&self) -> schemars::Schema {
+        schemars::schema_for!(ShellParams)
+    }
+    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
+        check_typed::<ShellParams>(params)
+    }
+    fn inputs(&self) -> Option<&'static [InputDecl]> {
+        None
+    }
+    fn outputs(&self) -> Option<&'static [&'static str]> {
+        None
+    }
+    fn fingerprint_extra(&self, params: &Value, base_dir: &Path) -> Result<String, String> {
+        let p: ShellParams = crate::kind::parse_typed(params).map_err(|e| e.message)?;
+        let mut h = blake3::Hasher::new();
+        for dep in &p.deps {
+            let path = base_dir.join(dep);
+            let bytes = std::fs::read(&path)
+                .map_err(|e| format!("shell dependency `{dep}` ({}) cannot be read: {e}", path.display()))?;
+            h.update(dep.as_bytes());
+            h.update(blake3::hash(&bytes).as_bytes());
+        }
+        Ok(if p.deps.is_empty() { String::new() } else { h.finalize().to_hex().to_string() })
+    }
+    fn run(&self, ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>> {
+        async move { run_shell(ctx).await }.boxed()
+    }
+}
+
+fn env_name(prefix: &str, name: &str) -> String {
+    let clean: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+    format!("{prefix}{clean}")
+}
+
+async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
+    let p: ShellParams = ctx.params_as()?;
+    std::fs::create_dir_all(&ctx.scratch)?;
+    let mut command = p.command.clone();
+    let mut cmd = tokio::process::Command::new("sh");
+    for (name, artifacts) in &ctx.inputs {
+        let mut dirs = Vec::new();
+        for a in artifacts {
+            dirs.push(ctx.input_dir(a).await?.display().to_string());
+        }
+        let joined = dirs.join(" ");
+        command = command.replace(&format!("${{inputs.{name}}}"), &joined);
+        cmd.env(env_name("RAO_IN_", name), &joined);
+    }
+    for name in &ctx.outputs {
+        let dir = ctx.output_dir(name)?.display().to_string();
+        command = command.replace(&format!("${{outputs.{name}}}"), &dir);
+        cmd.env(env_name("RAO_OUT_", name), &dir);
+    }
+    command = command.replace("${seed}", &ctx.seed.to_string());
+    cmd.arg("-c")
+        .arg(&command)
+        .current_dir(&ctx.base_dir)
+        .env("RAO_SEED", ctx.seed.to_string())
+        .env("RAO_INSTANCE", &ctx.instance)
+        .envs(&p.env)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        // A timeout or Ctrl-C drops this future: the child must not outlive it.
+        .kill_on_drop(true);
+    let out = cmd.spawn()?.wait_with_output().await?;
+    let log = format!(
+        "$ {command}\n--- stdout\n{}--- stderr\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(ctx.scratch.join("shell.log"), &log)?;
+    if !out.status.success() {
+        let tail: String = String::from_utf8_lossy(&out.stderr).lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+        anyhow::bail!("command exited with {}: {}\n{}", out.status, p.command, tail);
+    }
+    Ok(())
+}
+
+/// Params of `noop`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoopParams {
+    /// Anything: only hashed into the fingerprint.
+    #[serde(default)]
+    pub value: Option<Value>,
+}
+
+/// Does nothing and writes empty outputs: measures the engine's own overhead.
+pub struct Noop;
+
+impl StageKind for Noop {
+    fn name(&self) -> &'static str {
+        "noop"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn describe(&self) -> &'static str {
+        "does nothing (engine tests and benchmarks)"
+    }
+    fn params_schema(&self) -> schemars::Schema {
+        schemars::schema_for!(NoopParams)
+    }
+    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
+        check_typed::<NoopParams>(params)
+    }
+    fn inputs(&self) -> Option<&'static [InputDecl]> {
+        None
+    }
+    fn outputs(&self) -> Option<&'static [&'static str]> {
+        None
+    }
+    fn run(&self, _ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>> {
+        async { Ok(()) }.boxed()
+    }
+}

@@ -1,0 +1,168 @@
+//! Content fingerprints of stage instances, and the explanation of why one changed.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::compile::{Compiled, Source};
+
+/// Everything a fingerprint is made of. Stored in the status index so a cache miss can be explained.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FpParts {
+    pub kind: String,
+    pub kind_version: u32,
+    pub params: Value,
+    pub seed: u64,
+    #[serde(default)]
+    pub extra: String,
+    /// input name → "FINGERPRINT/OUTPUT" of each upstream artifact.
+    pub inputs: BTreeMap<String, Vec<String>>,
+}
+
+impl FpParts {
+    pub fn fingerprint(&self) -> String {
+        let mut h = blake3::Hasher::new();
+        h.update(self.kind.as_bytes());
+        h.update(&self.kind_version.to_le_bytes());
+        h.update(canonical(&self.params).as_bytes());
+        h.update(&self.seed.to_le_bytes());
+        h.update(self.extra.as_bytes());
+        for (name, srcs) in &self.inputs {
+            h.update(name.as_bytes());
+            for s in srcs {
+                h.update(s.as_bytes());
+                h.update(b"\0");
+            }
+        }
+        h.finalize().to_hex()[..32].to_string()
+    }
+
+    /// Why `self` (new) differs from `old`: "params.lr changed 0.1 → 0.2", "input tasks changed", …
+    pub fn explain_change(&self, old: &FpParts) -> Vec<String> {
+        let mut why = Vec::new();
+        if self.kind != old.kind || self.kind_version != old.kind_version {
+            why.push(format!("kind {} v{} → {} v{}", old.kind, old.kind_version, self.kind, self.kind_version));
+        }
+        diff_values("params", &old.params, &self.params, &mut why);
+        if self.seed != old.seed {
+            why.push("seed changed".into());
+        }
+        if self.extra != old.extra {
+            why.push("a dependency file changed".into());
+        }
+        let names: std::collections::BTreeSet<&String> = self.inputs.keys().chain(old.inputs.keys()).collect();
+        for n in names {
+            if self.inputs.get(n) != old.inputs.get(n) {
+                why.push(format!("input {n} changed"));
+            }
+        }
+        if why.is_empty() {
+            why.push("fingerprint changed".into());
+        }
+        why
+    }
+}
+
+fn diff_values(path: &str, old: &Value, new: &Value, out: &mut Vec<String>) {
+    match (old, new) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                let p = format!("{path}.{k}");
+                match (a.get(k), b.get(k)) {
+                    (Some(x), Some(y)) => diff_values(&p, x, y, out),
+                    (None, Some(y)) => out.push(format!("{p} added ({})", short(y))),
+                    (Some(_), None) => out.push(format!("{p} removed")),
+                    (None, None) => {}
+                }
+            }
+        }
+        (a, b) if a != b => out.push(format!("{path} changed {} → {}", short(a), short(b))),
+        _ => {}
+    }
+}
+
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 40 { format!("{}…", &s[..40]) } else { s }
+}
+
+/// JSON with object keys sorted at every level: the same value always hashes the same.
+pub fn canonical(v: &Value) -> String {
+    fn write(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(o) => {
+                let mut keys: Vec<&String> = o.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String((*k).clone()).to_string());
+                    out.push(':');
+                    write(&o[*k], out);
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(x, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut s = String::new();
+    write(v, &mut s);
+    s
+}
+
+impl Compiled {
+    /// The fingerprint parts of instance `i`, given upstream fingerprints and loop decisions.
+    /// `None` when something it depends on is not known yet.
+    pub fn fp_parts(&self, i: usize, fp: impl Fn(usize) -> Option<String>, loop_exit: impl Fn(usize) -> Option<u32>) -> Option<FpParts> {
+        let inst = &self.instances[i];
+        let mut inputs = BTreeMap::new();
+        for (name, sources) in &inst.inputs {
+            let mut v = Vec::new();
+            for (producer, output) in self.resolve_sources(sources, &loop_exit)? {
+                v.push(format!("{}/{}", fp(producer)?, output));
+            }
+            inputs.insert(name.clone(), v);
+        }
+        Some(FpParts {
+            kind: inst.kind.clone(),
+            kind_version: inst.kind_version,
+            params: inst.params.clone(),
+            seed: inst.seed,
+            extra: inst.extra.clone(),
+            inputs,
+        })
+    }
+
+    /// Concrete (producer instance, output) pairs behind a list of sources.
+    pub fn resolve_sources(&self, sources: &[Source], loop_exit: &impl Fn(usize) -> Option<u32>) -> Option<Vec<(usize, String)>> {
+        let mut out = Vec::new();
+        for s in sources {
+            match s {
+                Source::Output { instance, output } => out.push((*instance, output.clone())),
+                Source::LoopExit { loop_idx, var } => {
+                    let k = loop_exit(*loop_idx)?;
+                    for src in self.loops[*loop_idx].carry_sources(var, k) {
+                        if let Source::Output { instance, output } = src {
+                            out.push((instance, output));
+                        }
+                    }
+                }
+            }
+        }
+        Some(out)
+    }
+}

@@ -1,0 +1,215 @@
+//! Stage kinds are plugins: registered by name, with typed params and declared inputs/outputs.
+//! The engine knows nothing else about them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::store::{FileEntry, Store, output_prefix};
+
+/// A problem with one parameter: `key` is the top-level param it concerns (if known).
+#[derive(Debug, Clone)]
+pub struct ParamError {
+    pub key: Option<String>,
+    pub message: String,
+    pub help: Option<String>,
+}
+
+/// A declared input of a kind.
+#[derive(Debug, Clone, Copy)]
+pub struct InputDecl {
+    pub name: &'static str,
+    pub required: bool,
+}
+
+pub trait StageKind: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    /// Bump when the kind's behaviour changes: it is part of every fingerprint.
+    fn version(&self) -> u32;
+    fn describe(&self) -> &'static str;
+    /// JSON Schema of `params` (for the pipeline schema and editors).
+    fn params_schema(&self) -> schemars::Schema;
+    fn check_params(&self, params: &Value) -> Result<(), ParamError>;
+    /// Declared inputs; `None` accepts any input names (e.g. `shell`).
+    fn inputs(&self) -> Option<&'static [InputDecl]>;
+    /// Declared outputs; `None` takes them from the stage's `outputs:` list.
+    fn outputs(&self) -> Option<&'static [&'static str]>;
+    /// Extra content hashed into the fingerprint (e.g. files a command reads).
+    fn fingerprint_extra(&self, _params: &Value, _base_dir: &Path) -> Result<String, String> {
+        Ok(String::new())
+    }
+    fn run(&self, ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>>;
+}
+
+/// Check `params` against a serde type `P` (use `#[serde(deny_unknown_fields)]` on it).
+pub fn check_typed<P: DeserializeOwned + schemars::JsonSchema>(params: &Value) -> Result<(), ParamError> {
+    parse_typed::<P>(params).map(|_| ())
+}
+
+/// Parse `params` into `P`, naming the offending key on failure.
+pub fn parse_typed<P: DeserializeOwned + schemars::JsonSchema>(params: &Value) -> Result<P, ParamError> {
+    let params = if params.is_null() { Value::Object(Default::default()) } else { params.clone() };
+    serde_path_to_error::deserialize::<_, P>(params).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        let unknown = inner
+            .strip_prefix("unknown field `")
+            .and_then(|r| r.split('`').next())
+            .map(str::to_string);
+        let key = unknown.clone().or_else(|| {
+            let first = path.split(['.', '[']).next().unwrap_or("").to_string();
+            (!first.is_empty() && first != "?").then_some(first)
+        });
+        let help = unknown.as_ref().and_then(|u| {
+            let schema = schemars::schema_for!(P);
+            let names: Vec<String> = schema
+                .get("properties")
+                .and_then(|p| p.as_object())
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default();
+            crate::diag::did_you_mean(u, names.iter().map(|s| s.as_str()))
+        });
+        let message = if path.is_empty() || path == "." || unknown.is_some() {
+            format!("params: {inner}")
+        } else {
+            format!("params.{path}: {inner}")
+        };
+        ParamError { key, message, help }
+    })
+}
+
+/// The name → kind table an engine is built with.
+#[derive(Clone, Default)]
+pub struct Registry {
+    kinds: BTreeMap<&'static str, Arc<dyn StageKind>>,
+}
+
+impl Registry {
+    /// A registry with the built-in, RL-free kinds (`shell`, `noop`).
+    pub fn with_builtins() -> Self {
+        let mut r = Registry::default();
+        r.register(Arc::new(crate::builtin::Shell));
+        r.register(Arc::new(crate::builtin::Noop));
+        r
+    }
+    pub fn register(&mut self, kind: Arc<dyn StageKind>) {
+        self.kinds.insert(kind.name(), kind);
+    }
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn StageKind>> {
+        self.kinds.get(name)
+    }
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.kinds.keys().copied()
+    }
+    pub fn kinds(&self) -> impl Iterator<Item = &Arc<dyn StageKind>> {
+        self.kinds.values()
+    }
+}
+
+/// One upstream artifact handed to a stage: an output of a finished instance.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InputArtifact {
+    pub instance: String,
+    pub fingerprint: String,
+    pub output: String,
+    pub files: Vec<FileEntry>,
+}
+
+impl InputArtifact {
+    /// Store key of one of this artifact's files.
+    pub fn key(&self, path: &str) -> String {
+        format!("{}/{}", output_prefix(&self.fingerprint, &self.output), path)
+    }
+}
+
+/// What a running stage sees: its params, seed, inputs and where to write outputs.
+/// Everything comes from the pipeline and the store, never from scheduler memory.
+pub struct StageContext {
+    pub pipeline: String,
+    pub instance: String,
+    pub fingerprint: String,
+    /// This instance's seed, derived from the pipeline seed and the instance's identity.
+    pub seed: u64,
+    pub params: Value,
+    /// The directory of the pipeline file (relative paths in params are taken from here).
+    pub base_dir: PathBuf,
+    pub inputs: BTreeMap<String, Vec<InputArtifact>>,
+    pub outputs: Vec<String>,
+    pub store: Store,
+    /// Private scratch space, removed after the stage.
+    pub scratch: PathBuf,
+    pub(crate) staging: PathBuf,
+    pub(crate) metrics: Arc<Mutex<BTreeMap<String, f64>>>,
+}
+
+impl StageContext {
+    pub fn params_as<P: DeserializeOwned + schemars::JsonSchema>(&self) -> anyhow::Result<P> {
+        parse_typed::<P>(&self.params).map_err(|e| anyhow::anyhow!(e.message))
+    }
+
+    /// The local directory the stage writes output `name` into; uploaded when the stage succeeds.
+    pub fn output_dir(&self, name: &str) -> anyhow::Result<PathBuf> {
+        anyhow::ensure!(
+            self.outputs.iter().any(|o| o == name),
+            "stage `{}` wrote to undeclared output `{name}` (declared: {})",
+            self.instance,
+            self.outputs.join(", ")
+        );
+        let dir = self.staging.join(name);
+        std::fs::create_dir_all(&dir)?;
+        Ok(dir)
+    }
+
+    /// Write one file of an output.
+    pub fn write_output(&self, name: &str, file: &str, bytes: &[u8]) -> anyhow::Result<()> {
+        let path = self.output_dir(name)?.join(file);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, bytes)?;
+        Ok(())
+    }
+
+    /// The artifacts of input `name` (several when it names a fanned-out stage or a list).
+    pub fn input(&self, name: &str) -> anyhow::Result<&[InputArtifact]> {
+        self.inputs
+            .get(name)
+            .map(|v| v.as_slice())
+            .ok_or_else(|| anyhow::anyhow!("stage `{}` has no input named `{name}`", self.instance))
+    }
+
+    /// Read one file of one input artifact.
+    pub async fn read_input_file(&self, artifact: &InputArtifact, path: &str) -> anyhow::Result<Bytes> {
+        Ok(self.store.get(&artifact.key(path)).await?)
+    }
+
+    /// A local directory holding the artifact's files: in place for a local store, else downloaded.
+    pub async fn input_dir(&self, artifact: &InputArtifact) -> anyhow::Result<PathBuf> {
+        let prefix = output_prefix(&artifact.fingerprint, &artifact.output);
+        if let Some(dir) = self.store.local_path(&prefix) {
+            std::fs::create_dir_all(&dir)?;
+            return Ok(dir);
+        }
+        let dir = self.scratch.join("in").join(&artifact.fingerprint).join(&artifact.output);
+        std::fs::create_dir_all(&dir)?;
+        for f in &artifact.files {
+            let bytes = self.store.get(&artifact.key(&f.path)).await?;
+            let target = dir.join(&f.path);
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(target, bytes)?;
+        }
+        Ok(dir)
+    }
+
+    /// Record a metric in the manifest (loops can stop on them; reports read them).
+    pub fn set_metric(&self, name: &str, value: f64) {
+        self.metrics.lock().unwrap().insert(name.to_string(), value);
+    }
+}

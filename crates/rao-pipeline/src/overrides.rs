@@ -1,0 +1,90 @@
+//! `--set path.to.key=value`: change a pipeline without editing the file (recorded in the run record).
+//!
+//! Paths: `seed`, `store`, `params.NAME[.SUB…]`, `stages.STAGE.params.NAME[.SUB…]`,
+//! `stages.STAGE.retries`, `stages.STAGE.timeout`, `stages.LOOP.loop.max_iterations`.
+//! Stages inside loop bodies are found by name too. Values are YAML scalars (`3`, `0.5`, `true`, `text`).
+
+use serde_json::Value;
+
+use crate::diag::{Diagnostic, did_you_mean};
+use crate::spec::{Duration, OrderedMap, PipelineFile, Pos, Sp, StageSpec};
+
+pub fn apply(spec: &mut PipelineFile, overrides: &[String]) -> Result<(), Diagnostic> {
+    for o in overrides {
+        apply_one(spec, o).map_err(|msg| Diagnostic::new(Pos::NONE, format!("--set {o}: {msg}")))?;
+    }
+    Ok(())
+}
+
+fn parse_value(text: &str) -> Value {
+    serde_saphyr::from_str::<Value>(text).unwrap_or_else(|_| Value::String(text.to_string()))
+}
+
+fn apply_one(spec: &mut PipelineFile, o: &str) -> Result<(), String> {
+    let (path, raw) = o.split_once('=').ok_or("expected PATH=VALUE")?;
+    let value = parse_value(raw);
+    let parts: Vec<&str> = path.split('.').collect();
+    match parts.as_slice() {
+        ["seed"] => {
+            spec.seed = Sp::synthetic(value.as_u64().ok_or("seed must be a non-negative integer")?);
+        }
+        ["store"] => spec.store = Some(Sp::synthetic(raw.to_string())),
+        ["params", rest @ ..] if !rest.is_empty() => set_param(&mut spec.params, rest, value)?,
+        ["stages", stage, rest @ ..] => {
+            let names: Vec<String> = all_stage_names(&spec.stages);
+            let s = find_stage(&mut spec.stages, stage).ok_or_else(|| {
+                format!("no stage `{stage}`{}", did_you_mean(stage, names.iter().map(|s| s.as_str())).map(|h| format!("; {h}")).unwrap_or_default())
+            })?;
+            match rest {
+                ["params", p @ ..] if !p.is_empty() => set_param(&mut s.params, p, value)?,
+                ["retries"] => s.retries = Some(Sp::synthetic(value.as_u64().ok_or("retries must be an integer")? as u32)),
+                ["timeout"] => s.timeout = Some(Sp::synthetic(Duration::parse(raw)?)),
+                ["loop", "max_iterations"] => {
+                    let l = s.loop_.as_mut().ok_or_else(|| format!("stage `{stage}` is not a loop"))?;
+                    l.max_iterations = Sp::synthetic(value.as_u64().ok_or("max_iterations must be an integer")? as u32);
+                }
+                _ => return Err("can set params.NAME, retries, timeout or loop.max_iterations of a stage".into()),
+            }
+        }
+        _ => return Err("unknown path; use seed, store, params.NAME or stages.STAGE.params.NAME".into()),
+    }
+    Ok(())
+}
+
+fn all_stage_names(stages: &OrderedMap<StageSpec>) -> Vec<String> {
+    stages
+        .iter()
+        .flat_map(|(n, s)| std::iter::once(n.value.clone()).chain(s.stages.keys().map(str::to_string)))
+        .collect()
+}
+
+fn find_stage<'a>(stages: &'a mut OrderedMap<StageSpec>, name: &str) -> Option<&'a mut StageSpec> {
+    for (n, s) in stages.entries.iter_mut() {
+        if n.value == name {
+            return Some(s);
+        }
+        if let Some(b) = find_stage(&mut s.stages, name) {
+            return Some(b);
+        }
+    }
+    None
+}
+
+fn set_param(params: &mut OrderedMap<Sp<Value>>, path: &[&str], value: Value) -> Result<(), String> {
+    let (first, rest) = path.split_first().unwrap();
+    if rest.is_empty() {
+        params.insert(Sp::synthetic(first.to_string()), Sp::synthetic(value));
+        return Ok(());
+    }
+    let entry = params.get_mut(first).ok_or_else(|| format!("no param `{first}` to descend into"))?;
+    let mut cur = &mut entry.value;
+    for (i, key) in rest.iter().enumerate() {
+        let obj = cur.as_object_mut().ok_or_else(|| format!("`{}` is not a mapping", path[..=i].join(".")))?;
+        if i == rest.len() - 1 {
+            obj.insert(key.to_string(), value);
+            return Ok(());
+        }
+        cur = obj.entry(key.to_string()).or_insert_with(|| Value::Object(Default::default()));
+    }
+    Ok(())
+}
