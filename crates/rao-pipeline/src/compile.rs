@@ -214,13 +214,16 @@ fn parse_error(e: &serde_saphyr::Error) -> Diagnostic {
     let mut d = Diagnostic::new(pos, msg.clone());
     if let Some(rest) = msg.split("unknown field `").nth(1) {
         let wrong = rest.split('`').next().unwrap_or("");
-        let expected: Vec<&str> = rest.split("expected").nth(1).unwrap_or("").split('`').skip(1).step_by(2).collect();
+        let expected: Vec<&str> = rest
+            .split_once("expected")
+            .map(|(_, e)| e.trim_start_matches(" one of").trim_start_matches(" a field").split(',').map(|x| x.trim().trim_matches('`')).filter(|x| !x.is_empty()).collect())
+            .unwrap_or_default();
         let hint = did_you_mean(wrong, expected.iter().copied())
             .unwrap_or_else(|| format!("allowed keys here: {}", expected.join(", ")));
         d = d.help(hint);
     } else if msg.contains("missing field") {
         d = d.help("add the missing key");
-    } else if msg.contains("invalid type") {
+    } else if msg.contains("invalid type") || msg.starts_with("invalid ") {
         d = d.help("change the value to the expected type");
     }
     d

@@ -1,0 +1,331 @@
+//! The engine through its library API: validation with positions, caching, loops, failures, stores.
+
+use std::sync::Arc;
+
+use rao_pipeline::scheduler::InstanceStatus;
+use rao_pipeline::{InProcess, Registry, Reporter, RunOptions, RunRecord, Store, compile_str};
+
+fn compile(text: &str, dir: &std::path::Path) -> Result<rao_pipeline::Compiled, rao_pipeline::Diagnostics> {
+    compile_str("p.yaml", text, dir, &[], &Registry::with_builtins())
+}
+
+fn errors(text: &str) -> Vec<(u64, u64, String, Option<String>)> {
+    let dir = tempfile::tempdir().unwrap();
+    match compile(text, dir.path()) {
+        Ok(_) => panic!("expected errors"),
+        Err(d) => d.items.into_iter().map(|i| (i.pos.line, i.pos.column, i.message, i.help)).collect(),
+    }
+}
+
+async fn run_with(text: &str, dir: &std::path::Path, store: &Store, overrides: &[String], jobs: usize) -> RunRecord {
+    let registry = Registry::with_builtins();
+    let c = compile_str("p.yaml", text, dir, overrides, &registry).unwrap_or_else(|d| panic!("{d}"));
+    let exec = Arc::new(InProcess { registry: Arc::new(registry), store: store.clone(), reporter: Reporter::silent() });
+    rao_pipeline::run(Arc::new(c), exec, store, RunOptions { jobs, ..Default::default() }).await.unwrap()
+}
+
+fn status_of<'a>(r: &'a RunRecord, name: &str) -> &'a InstanceStatus {
+    &r.instances.iter().find(|i| i.name == name).unwrap_or_else(|| panic!("no instance {name}")).status
+}
+
+#[test]
+fn yaml_syntax_error_has_position() {
+    let e = errors("name: x\nstages:\n  a:\n    kind: shell\n   params: [\n");
+    assert_eq!(e.len(), 1);
+    assert_eq!((e[0].0, e[0].1), (5, 4), "{e:?}");
+}
+
+#[test]
+fn unknown_key_suggests_the_right_one() {
+    let e = errors("name: x\nstages:\n  a:\n    kind: noop\n    retires: 2\n");
+    assert_eq!((e[0].0, e[0].1), (5, 5));
+    assert!(e[0].2.contains("retires"));
+    assert_eq!(e[0].3.as_deref(), Some("did you mean `retries`?"));
+}
+
+#[test]
+fn wrong_type_is_located() {
+    let e = errors("name: x\nseed: abc\nstages:\n  a: {kind: noop}\n");
+    assert_eq!((e[0].0, e[0].1), (2, 7), "{e:?}");
+}
+
+#[test]
+fn semantic_errors_are_all_reported_with_positions() {
+    let text = "\
+name: x
+stages:
+  a:
+    kind: shel
+  b:
+    kind: shell
+    params: {command: 'true', comand: 1}
+    inputs: {i: a.nope}
+    outputs: [o, o]
+  c:
+    kind: noop
+    inputs: {i: ghost.out}
+";
+    let e = errors(text);
+    let find = |needle: &str| e.iter().find(|x| x.2.contains(needle)).unwrap_or_else(|| panic!("no `{needle}` in {e:?}"));
+    let k = find("unknown stage kind `shel`");
+    assert_eq!((k.0, k.1), (4, 11));
+    assert_eq!(k.3.as_deref(), Some("did you mean `shell`?"));
+    let p = find("unknown field `comand`");
+    assert_eq!(p.0, 7);
+    assert_eq!(p.3.as_deref(), Some("did you mean `command`?"));
+    let d = find("declared twice");
+    assert_eq!((d.0, d.1), (9, 18));
+    let g = find("unknown stage `ghost`");
+    assert_eq!((g.0, g.1), (12, 17));
+}
+
+#[test]
+fn reference_to_missing_output_names_the_outputs() {
+    let e = errors("name: x\nstages:\n  a: {kind: shell, params: {command: 'true'}, outputs: [data]}\n  b: {kind: noop, inputs: {i: a.dat}}\n");
+    assert_eq!(e[0].0, 4);
+    assert!(e[0].2.contains("has no output `dat`"));
+    assert_eq!(e[0].3.as_deref(), Some("did you mean `data`?"));
+}
+
+#[test]
+fn cycles_name_their_stages() {
+    let text = "\
+name: x
+stages:
+  a: {kind: noop, inputs: {i: c.o}, outputs: [o]}
+  b: {kind: noop, inputs: {i: a.o}, outputs: [o]}
+  c: {kind: noop, inputs: {i: b.o}, outputs: [o]}
+  d: {kind: noop, outputs: [o]}
+";
+    let e = errors(text);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].2.contains("cycle: a → b → c → a"), "{}", e[0].2);
+    assert_eq!(e[0].0, 3);
+}
+
+#[test]
+fn loops_and_matrices_expand() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "\
+name: x
+stages:
+  init: {kind: noop, outputs: [m]}
+  train:
+    loop:
+      max_iterations: 3
+      init: {model: init.m}
+      carry: {model: update.m}
+    stages:
+      rollout: {kind: noop, inputs: {m: loop.model}, outputs: [t]}
+      update: {kind: noop, inputs: {m: loop.model, t: rollout.t}, outputs: [m]}
+  eval:
+    kind: noop
+    matrix: {band: [easy, hard]}
+    params: {value: '${matrix.band}'}
+    inputs: {m: train.model}
+";
+    let c = compile(text, dir.path()).unwrap();
+    let names: Vec<&str> = c.order.iter().map(|&i| c.instances[i].name.as_str()).collect();
+    assert_eq!(names, ["init", "rollout@1", "update@1", "rollout@2", "update@2", "rollout@3", "update@3", "eval[band=easy]", "eval[band=hard]"]);
+    let eval = &c.instances[c.instance_index("eval[band=hard]").unwrap()];
+    assert_eq!(eval.params["value"], "hard");
+    // Iteration 2 reads iteration 1's update.
+    let r2 = c.instance_index("rollout@2").unwrap();
+    let u1 = c.instance_index("update@1").unwrap();
+    assert!(c.predecessors(r2).any(|p| p == u1));
+}
+
+#[tokio::test]
+async fn cache_hit_then_exactly_the_changed_stage_and_dependents_rerun() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open("memory://", dir.path()).unwrap();
+    let text = "\
+name: x
+params: {n: 3}
+stages:
+  a: {kind: shell, params: {command: 'seq 1 ${params.n} > ${outputs.o}/f'}, outputs: [o]}
+  b: {kind: shell, params: {command: 'wc -l < ${inputs.i}/f > ${outputs.o}/f'}, inputs: {i: a.o}, outputs: [o]}
+  c: {kind: shell, params: {command: 'echo hi > ${outputs.o}/f'}, outputs: [o]}
+  d: {kind: shell, params: {command: 'cat ${inputs.x}/f ${inputs.y}/f > ${outputs.o}/f'}, inputs: {x: b.o, y: c.o}, outputs: [o]}
+";
+    let r1 = run_with(text, dir.path(), &store, &[], 2).await;
+    assert!(r1.instances.iter().all(|i| i.status == InstanceStatus::Done), "{r1:?}");
+    let r2 = run_with(text, dir.path(), &store, &[], 2).await;
+    assert!(r2.instances.iter().all(|i| i.status == InstanceStatus::Cached));
+    let r3 = run_with(text, dir.path(), &store, &["params.n=5".into()], 2).await;
+    for (name, want) in [("a", InstanceStatus::Done), ("b", InstanceStatus::Done), ("c", InstanceStatus::Cached), ("d", InstanceStatus::Done)] {
+        assert_eq!(status_of(&r3, name), &want, "{name}");
+    }
+    // The final artifact really changed: 5 lines counted, then "hi".
+    let d = r3.instances.iter().find(|i| i.name == "d").unwrap();
+    let fp = d.fingerprint.as_ref().unwrap();
+    let bytes = store.get(&format!("{}/f", rao_pipeline::store::output_prefix(fp, "o"))).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&bytes), "5\nhi\n");
+    assert_eq!(r3.overrides, vec!["params.n=5".to_string()]);
+}
+
+#[tokio::test]
+async fn independent_stages_overlap_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open("memory://", dir.path()).unwrap();
+    let text = "\
+name: x
+stages:
+  a: {kind: shell, params: {command: 'sleep 0.4'}}
+  b: {kind: shell, params: {command: 'sleep 0.4'}}
+  c: {kind: shell, params: {command: 'sleep 0.4'}}
+";
+    let r = run_with(text, dir.path(), &store, &[], 3).await;
+    let spans: Vec<(f64, f64)> = r.instances.iter().map(|i| (i.started_at.unwrap(), i.finished_at.unwrap())).collect();
+    let latest_start = spans.iter().map(|s| s.0).fold(f64::MIN, f64::max);
+    let earliest_end = spans.iter().map(|s| s.1).fold(f64::MAX, f64::min);
+    assert!(latest_start < earliest_end, "all three ran at the same time: {spans:?}");
+    // And with --jobs 1 they do not.
+    let store1 = Store::open("memory://", dir.path()).unwrap();
+    let r1 = run_with(text, dir.path(), &store1, &[], 1).await;
+    let mut s1: Vec<(f64, f64)> = r1.instances.iter().map(|i| (i.started_at.unwrap(), i.finished_at.unwrap())).collect();
+    s1.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert!(s1.windows(2).all(|w| w[0].1 <= w[1].0 + 1e-3), "jobs=1 overlapped: {s1:?}");
+}
+
+#[tokio::test]
+async fn a_failure_stops_dependents_but_independent_stages_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open("memory://", dir.path()).unwrap();
+    let text = "\
+name: x
+stages:
+  bad: {kind: shell, params: {command: 'echo boom >&2; exit 3'}, outputs: [o], retries: 1}
+  after: {kind: noop, inputs: {i: bad.o}}
+  other: {kind: shell, params: {command: 'sleep 0.2'}}
+  other2: {kind: noop, inputs: {}}
+";
+    let r = run_with(text, dir.path(), &store, &[], 2).await;
+    assert_eq!(r.status, "failed");
+    assert_eq!(status_of(&r, "bad"), &InstanceStatus::Failed);
+    assert_eq!(status_of(&r, "after"), &InstanceStatus::Skipped);
+    assert_eq!(status_of(&r, "other"), &InstanceStatus::Done);
+    assert_eq!(status_of(&r, "other2"), &InstanceStatus::Done);
+    let why = r.failures()[0].1;
+    assert!(why.contains("boom") && why.contains("exit"), "{why}");
+}
+
+#[tokio::test]
+async fn retries_then_succeeds_and_timeouts_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open("memory://", dir.path()).unwrap();
+    let flag = dir.path().join("flag");
+    let text = format!(
+        "name: x\nstages:\n  flaky: {{kind: shell, params: {{command: 'test -e {f} || {{ touch {f}; exit 1; }}'}}, retries: 2}}\n  slow: {{kind: shell, params: {{command: 'sleep 5'}}, timeout: 300ms}}\n",
+        f = flag.display()
+    );
+    let r = run_with(&text, dir.path(), &store, &[], 2).await;
+    let flaky = r.instances.iter().find(|i| i.name == "flaky").unwrap();
+    assert_eq!(flaky.status, InstanceStatus::Done);
+    assert_eq!(flaky.attempts, 2);
+    let slow = r.instances.iter().find(|i| i.name == "slow").unwrap();
+    assert_eq!(slow.status, InstanceStatus::Failed);
+    assert!(slow.reason.as_deref().unwrap().contains("timed out"));
+    assert!(slow.finished_at.unwrap() - slow.started_at.unwrap() < 3.0, "the child was not killed on timeout");
+}
+
+#[tokio::test]
+async fn loop_stops_early_on_a_metric_and_feeds_the_last_iteration_downstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store").to_str().unwrap(), dir.path()).unwrap();
+    // Each step appends a line; the stop metric is read from a file by a tiny metric kind below.
+    let text = "\
+name: x
+stages:
+  seed: {kind: shell, params: {command: 'echo 1 > ${outputs.o}/n'}, outputs: [o]}
+  grow:
+    loop:
+      max_iterations: 6
+      init: {state: seed.o}
+      carry: {state: step.o}
+      stop_when: {metric: step.lines, above: 4}
+    stages:
+      step: {kind: counting, inputs: {prev: loop.state}}
+  final: {kind: shell, params: {command: 'cp ${inputs.s}/n ${outputs.o}/n'}, inputs: {s: grow.state}, outputs: [o]}
+";
+    let mut registry = Registry::with_builtins();
+    registry.register(Arc::new(Counting));
+    let c = Arc::new(compile_str("p.yaml", text, dir.path(), &[], &registry).unwrap_or_else(|d| panic!("{d}")));
+    let exec = Arc::new(InProcess { registry: Arc::new(registry.clone()), store: store.clone(), reporter: Reporter::silent() });
+    let r = rao_pipeline::run(c.clone(), exec.clone(), &store, RunOptions::default()).await.unwrap();
+    assert_eq!(r.status, "succeeded");
+    for k in 1..=3 {
+        assert_eq!(status_of(&r, &format!("step@{k}")), &InstanceStatus::Done);
+    }
+    for k in 4..=6 {
+        assert_eq!(status_of(&r, &format!("step@{k}")), &InstanceStatus::Skipped);
+    }
+    let fin = r.instances.iter().find(|i| i.name == "final").unwrap();
+    let bytes = store.get(&format!("{}/n", rao_pipeline::store::output_prefix(fin.fingerprint.as_ref().unwrap(), "o"))).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&bytes).lines().count(), 4);
+    // The same decision is made from the store alone.
+    let rows = rao_pipeline::plan::rows(&c, &store).await.unwrap();
+    assert!(rows.iter().all(|r| matches!(r.state, rao_pipeline::plan::State::Done | rao_pipeline::plan::State::Skipped)), "{rows:?}");
+    let again = rao_pipeline::run(c, exec, &store, RunOptions::default()).await.unwrap();
+    assert_eq!(status_of(&again, "final"), &InstanceStatus::Cached);
+}
+
+/// Appends a line to its input file and reports the line count as metric `lines`.
+struct Counting;
+impl rao_pipeline::StageKind for Counting {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn describe(&self) -> &'static str {
+        "test kind"
+    }
+    fn params_schema(&self) -> schemars::Schema {
+        schemars::json_schema!({"type": "object"})
+    }
+    fn check_params(&self, _: &serde_json::Value) -> Result<(), rao_pipeline::ParamError> {
+        Ok(())
+    }
+    fn inputs(&self) -> Option<&'static [rao_pipeline::InputDecl]> {
+        Some(&[rao_pipeline::InputDecl { name: "prev", required: true }])
+    }
+    fn outputs(&self) -> Option<&'static [&'static str]> {
+        Some(&["o"])
+    }
+    fn run(&self, ctx: rao_pipeline::StageContext) -> futures::future::BoxFuture<'static, anyhow::Result<()>> {
+        Box::pin(async move {
+            let prev = ctx.input("prev")?[0].clone();
+            let mut text = String::from_utf8(ctx.read_input_file(&prev, "n").await?.to_vec())?;
+            text.push_str("1\n");
+            ctx.set_metric("lines", text.lines().count() as f64);
+            ctx.write_output("o", "n", text.as_bytes())
+        })
+    }
+}
+
+#[tokio::test]
+async fn local_directory_and_memory_stores_give_the_same_artifacts() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "\
+name: x
+seed: 11
+stages:
+  a: {kind: shell, params: {command: 'echo $RAO_SEED > ${outputs.o}/seed; seq 1 10 > ${outputs.o}/nums'}, outputs: [o]}
+  b: {kind: shell, params: {command: 'sort -r ${inputs.i}/nums > ${outputs.o}/rev'}, inputs: {i: a.o}, outputs: [o]}
+";
+    let mem = Store::open("memory://", dir.path()).unwrap();
+    let local = Store::open(dir.path().join("s").to_str().unwrap(), dir.path()).unwrap();
+    let r1 = run_with(text, dir.path(), &mem, &[], 2).await;
+    let r2 = run_with(text, dir.path(), &local, &[], 2).await;
+    for (x, y) in r1.instances.iter().zip(&r2.instances) {
+        assert_eq!(x.fingerprint, y.fingerprint);
+        let key = rao_pipeline::store::manifest_key(x.fingerprint.as_ref().unwrap());
+        let m1: rao_pipeline::store::Manifest = mem.get_json(&key).await.unwrap().unwrap();
+        let m2: rao_pipeline::store::Manifest = local.get_json(&key).await.unwrap().unwrap();
+        assert_eq!(m1.outputs, m2.outputs, "same files, same hashes");
+    }
+    // The local store is a plain directory other tools can read.
+    assert!(local.local_root().unwrap().join("objects").is_dir());
+}

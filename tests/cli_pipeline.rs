@@ -1,0 +1,158 @@
+//! End-to-end: the `rao` binary on real pipeline files, real processes and a real local store.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn rao(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A chain a → b → c whose commands log each execution to `ran.log` and take a while.
+fn chain(dir: &Path) -> std::path::PathBuf {
+    let log = dir.join("ran.log");
+    let p = dir.join("chain.yaml");
+    let stage = |name: &str, input: Option<&str>| {
+        let inputs = input.map(|i| format!(", inputs: {{i: {i}.o}}")).unwrap_or_default();
+        format!(
+            "  {name}: {{kind: shell, params: {{command: 'echo {name} >> {log}; sleep 0.6; echo {name} > ${{outputs.o}}/v'}}, outputs: [o]{inputs}}}\n",
+            log = log.display()
+        )
+    };
+    let body = format!("name: chain\nstages:\n{}{}{}", stage("a", None), stage("b", Some("a")), stage("c", Some("b")));
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+#[test]
+fn kill_9_mid_run_leaves_finished_work_and_the_next_run_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = chain(dir.path());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rao")).args(["run", p.to_str().unwrap()]).current_dir(dir.path()).spawn().unwrap();
+    // Wait until b has started (a is done), then kill -9 the whole run.
+    let log = dir.path().join("ran.log");
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains('b') {
+        assert!(t0.elapsed() < Duration::from_secs(30), "b never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let status = text(&rao(&["status", p.to_str().unwrap()], dir.path()));
+    assert!(status.contains("done     a"), "{status}");
+    assert!(status.contains("missing  b"), "b must not look done: {status}");
+    let second = rao(&["run", p.to_str().unwrap()], dir.path());
+    assert!(second.status.success(), "{}", text(&second));
+    let out = text(&second);
+    assert!(out.contains("cached   a"), "{out}");
+    let ran = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(ran.matches('a').count(), 1, "a ran once: {ran}");
+    assert_eq!(ran.matches('c').count(), 1, "c ran once: {ran}");
+    let status = text(&rao(&["status", p.to_str().unwrap()], dir.path()));
+    assert!(status.contains("3/3 done"), "{status}");
+}
+
+#[test]
+fn validate_fails_with_file_line_column_and_runs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.yaml");
+    std::fs::write(&p, "name: bad\nstages:\n  a: {kind: shell, params: {command: 'touch ran'}, outputs: [o]}\n  b: {kind: shell, params: {command: 'true'}, inputs: {i: a.out}}\n").unwrap();
+    for cmd in ["validate", "run"] {
+        let o = rao(&[cmd, "bad.yaml"], dir.path());
+        assert_eq!(o.status.code(), Some(2));
+        let t = text(&o);
+        assert!(t.contains("bad.yaml:4:"), "{t}");
+        assert!(t.contains("has no output `out`") && t.contains("did you mean `o`?"), "{t}");
+    }
+    assert!(!dir.path().join("ran").exists(), "nothing may run when validation fails");
+}
+
+#[test]
+fn plan_explains_what_changed_and_exec_runs_one_instance_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p.yaml");
+    std::fs::write(
+        &p,
+        "name: p\nparams: {n: 3}\nstages:\n  a: {kind: shell, params: {command: 'seq ${params.n} > ${outputs.o}/f', deps: [script.sh]}, outputs: [o]}\n  b: {kind: shell, params: {command: 'wc -l < ${inputs.i}/f > ${outputs.o}/f'}, inputs: {i: a.o}, outputs: [o]}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("script.sh"), "v1").unwrap();
+    // `rao exec` on b before a is done: refused, nothing written.
+    let o = rao(&["exec", "p.yaml", "b"], dir.path());
+    assert!(!o.status.success());
+    assert!(text(&o).contains("inputs not done: a"), "{}", text(&o));
+    // Each instance by itself, in separate processes, as a remote executor would.
+    assert!(rao(&["exec", "p.yaml", "a"], dir.path()).status.success());
+    assert!(rao(&["exec", "p.yaml", "b"], dir.path()).status.success());
+    let plan = text(&rao(&["plan", "p.yaml"], dir.path()));
+    assert!(plan.contains("cached    a") && plan.contains("cached    b"), "{plan}");
+    let plan = text(&rao(&["plan", "p.yaml", "--set", "params.n=4"], dir.path()));
+    assert!(plan.contains("params.command changed"), "{plan}");
+    assert!(plan.contains("input i changed"), "{plan}");
+    std::fs::write(dir.path().join("script.sh"), "v2").unwrap();
+    let plan = text(&rao(&["plan", "p.yaml"], dir.path()));
+    assert!(plan.contains("a dependency file changed"), "{plan}");
+    let dot = text(&rao(&["plan", "p.yaml", "--format", "dot"], dir.path()));
+    assert!(dot.starts_with("digraph") && dot.contains("a -> b"), "{dot}");
+}
+
+#[test]
+fn process_executor_gives_the_same_artifacts_as_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p.yaml");
+    std::fs::write(
+        &p,
+        "name: p\nseed: 5\nstages:\n  a: {kind: shell, params: {command: 'echo $RAO_SEED > ${outputs.o}/s'}, outputs: [o]}\n  b: {kind: shell, matrix: {k: [1, 2]}, params: {command: 'cat ${inputs.i}/s > ${outputs.o}/s; echo ${matrix.k} >> ${outputs.o}/s'}, inputs: {i: a.o}, outputs: [o]}\n",
+    )
+    .unwrap();
+    let a = rao(&["run", "p.yaml", "--store", "s1", "--executor", "process", "--json"], dir.path());
+    assert!(a.status.success(), "{}", text(&a));
+    let b = rao(&["run", "p.yaml", "--store", "s2"], dir.path());
+    assert!(b.status.success(), "{}", text(&b));
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&a.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events.last().unwrap()["event"], "run_finished");
+    let files = |s: &str| {
+        let mut v: Vec<(String, Vec<u8>)> = Vec::new();
+        let root = dir.path().join(s).join("objects");
+        let mut stack = vec![root.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(d).unwrap() {
+                let e = e.unwrap().path();
+                if e.is_dir() {
+                    stack.push(e);
+                } else if e.file_name().unwrap() != "MANIFEST.json" {
+                    v.push((e.strip_prefix(&root).unwrap().display().to_string(), std::fs::read(&e).unwrap()));
+                }
+            }
+        }
+        v.sort();
+        v
+    };
+    assert_eq!(files("s1"), files("s2"));
+    assert_eq!(files("s1").len(), 3);
+}
+
+#[test]
+fn checked_in_schema_matches_the_binary() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let o = rao(&["schema"], &root);
+    let have = std::fs::read_to_string(root.join("schemas/pipeline.schema.json")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), have, "regenerate: cargo run -- schema > schemas/pipeline.schema.json");
+}
+
+#[test]
+fn shipped_pipelines_validate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = vec![root.join("examples/shell/pipeline.yaml")];
+    for e in std::fs::read_dir(root.join("pipelines")).unwrap() {
+        files.push(e.unwrap().path());
+    }
+    for f in files {
+        let o = rao(&["validate", f.to_str().unwrap()], &root);
+        assert!(o.status.success(), "{}: {}", f.display(), text(&o));
+    }
+}
