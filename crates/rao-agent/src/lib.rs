@@ -1,1 +1,10 @@
+//! rao-agent: the recursive runtime. Runs execution trees on tokio and batches every live
+//! node's policy call into one request per round.
 
+pub mod batcher;
+pub mod policy;
+pub mod runtime;
+
+pub use batcher::Batcher;
+pub use policy::{Policy, Request, Response, ScriptedExpert, UniformRandom};
+pub use runtime::{Limits, RunMeta, TreeSpec, run_trees};

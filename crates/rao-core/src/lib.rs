@@ -1,1 +1,7 @@
+//! rao-core: the shared vocabulary of rao — execution trees, RAO's reward arithmetic,
+//! and their Arrow/Parquet form.
 
+pub mod parquet_io;
+pub mod tree;
+
+pub use tree::{NodeRecord, Turn};

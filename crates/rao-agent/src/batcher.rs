@@ -1,0 +1,140 @@
+//! Rounds of batched policy calls with deterministic environment steps.
+//!
+//! Every live node is its own tokio task. A round starts once every active node (of every tree
+//! in flight) has asked for its next action: the policy answers the whole batch at once. The
+//! nodes then apply their actions to the shared world one at a time, in the fixed order of
+//! (tree, node path): concurrency without races, and the same seed gives the same trees.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{Notify, oneshot, watch};
+
+use crate::policy::{Policy, Request, Response};
+
+/// Orders requests within a round: (tree index, path of child indices from the root).
+pub type NodeKey = (usize, Vec<u32>);
+
+struct Pending {
+    key: NodeKey,
+    request: Request,
+    reply: oneshot::Sender<(Response, u64)>,
+}
+
+struct State {
+    active: usize,
+    pending: Vec<Pending>,
+    closed: bool,
+    /// Sizes of the rounds served so far (for statistics).
+    rounds: Vec<usize>,
+}
+
+struct Inner {
+    policy: Arc<dyn Policy>,
+    state: Mutex<State>,
+    changed: Notify,
+    turn: watch::Sender<u64>,
+}
+
+/// A handle shared by every node task.
+#[derive(Clone)]
+pub struct Batcher {
+    inner: Arc<Inner>,
+}
+
+impl Batcher {
+    /// Start the round driver on the current tokio runtime.
+    pub fn start(policy: Arc<dyn Policy>) -> Batcher {
+        let (turn, _) = watch::channel(0u64);
+        let inner = Arc::new(Inner {
+            policy,
+            state: Mutex::new(State { active: 0, pending: Vec::new(), closed: false, rounds: Vec::new() }),
+            changed: Notify::new(),
+            turn,
+        });
+        tokio::spawn(drive(inner.clone()));
+        Batcher { inner }
+    }
+
+    pub fn policy_version(&self) -> i32 {
+        self.inner.policy.version()
+    }
+
+    /// Nodes that will ask for actions (call before their tasks start, or inside a turn).
+    pub fn activate(&self, n: usize) {
+        self.inner.state.lock().unwrap().active += n;
+        self.inner.changed.notify_one();
+    }
+
+    /// Nodes that stopped asking (finished, or waiting for children).
+    pub fn deactivate(&self, n: usize) {
+        let mut s = self.inner.state.lock().unwrap();
+        s.active -= n;
+        drop(s);
+        self.inner.changed.notify_one();
+    }
+
+    /// Ask for the next action; returns it with this node's turn ticket.
+    pub async fn request(&self, key: NodeKey, request: Request) -> (Response, u64) {
+        let (tx, rx) = oneshot::channel();
+        self.inner.state.lock().unwrap().pending.push(Pending { key, request, reply: tx });
+        self.inner.changed.notify_one();
+        rx.await.expect("the batcher stopped while a node was waiting")
+    }
+
+    /// Wait until it is this ticket's turn to touch the world.
+    pub async fn wait_turn(&self, ticket: u64) {
+        let mut rx = self.inner.turn.subscribe();
+        rx.wait_for(|t| *t == ticket).await.expect("turn channel closed");
+    }
+
+    pub fn end_turn(&self, ticket: u64) {
+        self.inner.turn.send_replace(ticket + 1);
+    }
+
+    /// Stop the driver once no node is active.
+    pub fn close(&self) {
+        self.inner.state.lock().unwrap().closed = true;
+        self.inner.changed.notify_one();
+    }
+
+    /// Sizes of every round so far.
+    pub fn round_sizes(&self) -> Vec<usize> {
+        self.inner.state.lock().unwrap().rounds.clone()
+    }
+}
+
+async fn drive(inner: Arc<Inner>) {
+    let mut next_ticket = 0u64;
+    loop {
+        // Wait for every active node to ask.
+        let batch = loop {
+            let notified = inner.changed.notified();
+            {
+                let mut s = inner.state.lock().unwrap();
+                if s.active > 0 && s.pending.len() == s.active {
+                    let mut b = std::mem::take(&mut s.pending);
+                    s.rounds.push(b.len());
+                    b.sort_by(|x, y| x.key.cmp(&y.key));
+                    break b;
+                }
+                if s.active == 0 && s.pending.is_empty() && s.closed {
+                    return;
+                }
+            }
+            notified.await;
+        };
+        let (requests, replies): (Vec<Request>, Vec<(NodeKey, oneshot::Sender<(Response, u64)>)>) =
+            batch.into_iter().map(|p| (p.request, (p.key, p.reply))).unzip();
+        let n = requests.len() as u64;
+        let responses = inner.policy.act(requests).await;
+        assert_eq!(responses.len() as u64, n, "the policy must answer every request");
+        let base = next_ticket;
+        for (k, (resp, (_, reply))) in responses.into_iter().zip(replies).enumerate() {
+            let _ = reply.send((resp, base + k as u64));
+        }
+        next_ticket += n;
+        // The round ends when every node of it has taken its turn.
+        let mut rx = inner.turn.subscribe();
+        let _ = rx.wait_for(|t| *t >= next_ticket).await;
+    }
+}

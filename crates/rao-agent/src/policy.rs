@@ -1,0 +1,82 @@
+//! The policy seam: given node contexts, return the next action's tokens and their log-probs.
+//! One call serves a whole batch — every live node of every tree in flight — so a neural
+//! policy can answer with one forward pass.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use rao_envs::rng::Rng;
+use rao_envs::textcraft::{self, ExpertConfig, World};
+use rao_envs::vocab::{EOS, Tok};
+
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The node's whole context so far (prompt, actions, observations).
+    pub context: Vec<Tok>,
+    /// Tokens left in the node's window: generating past this is a context overflow.
+    pub max_new_tokens: usize,
+    /// Deterministic per-request seed (tree, node, step), for sampling.
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    /// The action's tokens, ending with `<eos>` unless the window ran out.
+    pub tokens: Vec<Tok>,
+    /// Behaviour log-prob of each token, from the distribution actually sampled.
+    pub logprobs: Vec<f32>,
+}
+
+pub trait Policy: Send + Sync {
+    /// Answer every request (same order).
+    fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>>;
+    /// The checkpoint version recorded with every node.
+    fn version(&self) -> i32 {
+        0
+    }
+}
+
+/// Cut an action to the window and close it with `<eos>` if it fits.
+pub fn finish_action(mut action: Vec<Tok>, max_new_tokens: usize, logprob: f32) -> Response {
+    action.push(EOS);
+    action.truncate(max_new_tokens);
+    let n = action.len();
+    Response { tokens: action, logprobs: vec![logprob; n] }
+}
+
+/// The scripted TextCraft expert as a policy (deterministic: log-probs 0).
+pub struct ScriptedExpert {
+    pub world: Arc<World>,
+    pub config: ExpertConfig,
+}
+
+impl Policy for ScriptedExpert {
+    fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
+        let out = batch
+            .into_iter()
+            .map(|r| finish_action(textcraft::expert_action(&self.world, &self.config, &r.context), r.max_new_tokens, 0.0))
+            .collect();
+        Box::pin(async move { out })
+    }
+}
+
+/// Uniformly random well-formed actions (a floor to compare against).
+pub struct UniformRandom {
+    pub world: Arc<World>,
+}
+
+impl Policy for UniformRandom {
+    fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
+        let out = batch
+            .into_iter()
+            .map(|r| {
+                let mut rng = Rng::new(r.seed);
+                let recursive = r.context.get(1).is_some_and(|&t| self.world.vocab.word(t) == "<rec>");
+                // Log-prob of the verb choice; the rest of a uniform action is not tracked per token.
+                let verbs = if recursive { 5.0f32 } else { 4.0 };
+                finish_action(textcraft::expert::random_action(&self.world, recursive, &mut rng), r.max_new_tokens, -(verbs.ln()))
+            })
+            .collect();
+        Box::pin(async move { out })
+    }
+}

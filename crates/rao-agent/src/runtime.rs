@@ -1,0 +1,297 @@
+//! The recursive runtime: runs execution trees on tokio, one task per node.
+//!
+//! A node acts until it finishes, runs out of steps, or overflows its window. `spawn` launches
+//! children that run concurrently on the same world; the parent keeps each child's result as a
+//! variable and sees only a short receipt. Launches past the caps are refused as observations.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use rao_core::tree::{NodeRecord, Turn, status};
+use rao_envs::vocab::{EOS, OBS, Tok};
+use rao_envs::{Episode, Refusal, Step};
+use serde::{Deserialize, Serialize};
+
+use crate::batcher::Batcher;
+use crate::policy::Request;
+
+/// Budgets and caps of one execution tree.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Context window of every node, in tokens (goal + actions + observations).
+    pub window: usize,
+    /// Actions per node (recursive default 25; a flat agent gets 200).
+    pub step_budget: u32,
+    /// Deepest level a node may be launched at (root = 0).
+    pub max_depth: u32,
+    /// Children one node may launch in all.
+    pub max_children: u32,
+    /// Nodes one tree may hold.
+    pub max_nodes: u32,
+}
+
+impl Limits {
+    pub fn recursive(window: usize) -> Self {
+        Limits { window, step_budget: 25, max_depth: 6, max_children: 8, max_nodes: 512 }
+    }
+    pub fn flat(window: usize) -> Self {
+        Limits { window, step_budget: 200, max_depth: 0, max_children: 0, max_nodes: 1 }
+    }
+}
+
+/// One tree to run.
+pub struct TreeSpec {
+    pub episode: Arc<dyn Episode>,
+    pub task_id: String,
+    pub group: i32,
+    pub recursive: bool,
+    pub seed: u64,
+}
+
+/// Labels stored with every node.
+#[derive(Debug, Clone, Default)]
+pub struct RunMeta {
+    pub run: String,
+    pub iteration: i32,
+    pub env: String,
+}
+
+struct TreeCtx {
+    idx: usize,
+    spec: TreeSpec,
+    limits: Limits,
+    meta: RunMeta,
+    version: i32,
+    nodes: Mutex<Vec<(Vec<u32>, NodeRecord)>>,
+    node_count: AtomicU32,
+}
+
+/// What a finished node hands its parent.
+#[derive(Debug, Clone)]
+struct Outcome {
+    score: f64,
+    result: Option<String>,
+    /// Counters of the node's whole subtree.
+    subtree: BTreeMap<String, i64>,
+}
+
+fn now_ms() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
+}
+
+fn request_seed(tree_seed: u64, path: &[u32], step: u32) -> u64 {
+    let mut h = tree_seed ^ 0x2545_F491_4F6C_DD1D;
+    for &p in path.iter().chain(std::iter::once(&step)) {
+        h = (h ^ (p as u64 + 1)).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
+    }
+    h
+}
+
+/// Run many trees at once through one batcher. Returns each tree's nodes, ids in breadth-first
+/// order of their paths, scored by the environment's verifier.
+pub async fn run_trees(batcher: &Batcher, trees: Vec<TreeSpec>, limits: Limits, meta: RunMeta) -> Vec<Vec<NodeRecord>> {
+    let version = batcher.policy_version();
+    let ctxs: Vec<Arc<TreeCtx>> = trees
+        .into_iter()
+        .enumerate()
+        .map(|(idx, spec)| {
+            let limits = if spec.recursive { limits } else { Limits { max_depth: 0, max_children: 0, max_nodes: 1, ..limits } };
+            Arc::new(TreeCtx { idx, spec, limits, meta: meta.clone(), version, nodes: Mutex::new(Vec::new()), node_count: AtomicU32::new(1) })
+        })
+        .collect();
+    batcher.activate(ctxs.len());
+    let handles: Vec<_> = ctxs
+        .iter()
+        .map(|t| {
+            let goal = t.spec.episode.root_goal();
+            tokio::spawn(run_node(batcher.clone(), t.clone(), Vec::new(), 0, goal, None, None))
+        })
+        .collect();
+    for h in handles {
+        h.await.expect("a root node task panicked");
+    }
+    ctxs.into_iter().map(|t| finish_tree(&t)).collect()
+}
+
+/// Assign ids (breadth first by path) and parent ids.
+fn finish_tree(t: &TreeCtx) -> Vec<NodeRecord> {
+    let mut nodes = std::mem::take(&mut *t.nodes.lock().unwrap());
+    nodes.sort_by(|a, b| (a.0.len(), &a.0).cmp(&(b.0.len(), &b.0)));
+    let ids: BTreeMap<Vec<u32>, i32> = nodes.iter().enumerate().map(|(i, (p, _))| (p.clone(), i as i32)).collect();
+    nodes
+        .into_iter()
+        .map(|(path, mut rec)| {
+            rec.node_id = ids[&path];
+            rec.parent_id = path.split_last().map(|(_, parent)| ids[parent]);
+            rec
+        })
+        .collect()
+}
+
+/// A node's life. `siblings_left` counts unfinished siblings: the last one to end hands its
+/// active slot back to the parent so the parent is in the very next round.
+fn run_node(
+    b: Batcher,
+    tree: Arc<TreeCtx>,
+    path: Vec<u32>,
+    depth: u32,
+    goal: Vec<Tok>,
+    spawn_step: Option<i32>,
+    siblings_left: Option<Arc<AtomicUsize>>,
+) -> BoxFuture<'static, Outcome> {
+    Box::pin(async move {
+        let ep = tree.spec.episode.clone();
+        let vocab = ep.vocab();
+        let limits = tree.limits;
+        let recursive = tree.spec.recursive;
+        let started_ms = now_ms();
+        let prompt = ep.prompt(&goal, depth, recursive);
+        let mut context = prompt.clone();
+        let mut turns: Vec<Turn> = Vec::new();
+        let mut own: BTreeMap<String, i64> = BTreeMap::new();
+        let mut subtree: BTreeMap<String, i64> = BTreeMap::new();
+        let mut result: Option<String> = None;
+        let mut children_launched: u32 = 0;
+        let mut end_status = if context.len() >= limits.window { Some(status::CONTEXT_OVERFLOW) } else { None };
+        let mut steps: u32 = 0;
+        while end_status.is_none() {
+            if steps >= limits.step_budget {
+                end_status = Some(status::STEP_BUDGET);
+                break;
+            }
+            let req = Request { context: context.clone(), max_new_tokens: limits.window - context.len(), seed: request_seed(tree.spec.seed, &path, steps) };
+            let (resp, ticket) = b.request((tree.idx, path.clone()), req).await;
+            b.wait_turn(ticket).await;
+            steps += 1;
+            context.extend(&resp.tokens);
+            let mut turn = Turn { completion_ids: resp.tokens.clone(), logprobs: resp.logprobs.clone(), action: vocab.text(&resp.tokens), ..Default::default() };
+            if resp.tokens.last() != Some(&EOS) {
+                // The action did not fit in the window.
+                turns.push(turn);
+                end_status = Some(status::CONTEXT_OVERFLOW);
+                b.end_turn(ticket);
+                break;
+            }
+            let action = &resp.tokens[..resp.tokens.len() - 1];
+            let out = ep.step(&goal, action, recursive);
+            for (k, v) in out.counters {
+                *own.entry(k.clone()).or_default() += v;
+                *subtree.entry(k).or_default() += v;
+            }
+            if out.result.is_some() {
+                result = out.result;
+            }
+            let obs: Vec<Tok> = match out.step {
+                Step::Finish => {
+                    turns.push(turn);
+                    end_status = Some(status::FINISHED);
+                    b.end_turn(ticket);
+                    break;
+                }
+                Step::Observe(obs) => obs,
+                Step::Spawn(goals) => {
+                    let refusal = if depth + 1 > limits.max_depth {
+                        Some(Refusal::Depth)
+                    } else if children_launched + goals.len() as u32 > limits.max_children {
+                        Some(Refusal::Children)
+                    } else if tree.node_count.load(Ordering::SeqCst) + goals.len() as u32 > limits.max_nodes {
+                        Some(Refusal::Nodes)
+                    } else {
+                        None
+                    };
+                    match refusal {
+                        Some(why) => ep.refusal(why),
+                        None => {
+                            tree.node_count.fetch_add(goals.len() as u32, Ordering::SeqCst);
+                            let k = goals.len();
+                            // The children take over this node's active slot (plus k−1 more).
+                            if k > 1 {
+                                b.activate(k - 1);
+                            }
+                            let left = Arc::new(AtomicUsize::new(k));
+                            let handles: Vec<_> = goals
+                                .into_iter()
+                                .enumerate()
+                                .map(|(i, g)| {
+                                    let mut child_path = path.clone();
+                                    child_path.push(children_launched + i as u32);
+                                    tokio::spawn(run_node(b.clone(), tree.clone(), child_path, depth + 1, g, Some(steps as i32 - 1), Some(left.clone())))
+                                })
+                                .collect();
+                            children_launched += k as u32;
+                            b.end_turn(ticket);
+                            let mut receipts = vec![OBS];
+                            for h in handles {
+                                let child = h.await.expect("a node task panicked");
+                                for (k, v) in &child.subtree {
+                                    *subtree.entry(k.clone()).or_default() += v;
+                                }
+                                receipts.extend(ep.receipt(child.score, child.result.as_deref()));
+                            }
+                            // Back in the rounds (the last child handed us its slot).
+                            turn.observation = vocab.text(&receipts);
+                            if context.len() + receipts.len() > limits.window {
+                                turns.push(turn);
+                                end_status = Some(status::CONTEXT_OVERFLOW);
+                                break;
+                            }
+                            context.extend(&receipts);
+                            turn.observation_ids = receipts;
+                            turns.push(turn);
+                            continue;
+                        }
+                    }
+                }
+            };
+            turn.observation = vocab.text(&obs);
+            if context.len() + obs.len() > limits.window {
+                turns.push(turn);
+                end_status = Some(status::CONTEXT_OVERFLOW);
+                b.end_turn(ticket);
+                break;
+            }
+            context.extend(&obs);
+            turn.observation_ids = obs;
+            turns.push(turn);
+            b.end_turn(ticket);
+        }
+        let status = end_status.unwrap_or(status::STEP_BUDGET);
+        let score = ep.verify(&goal, status == status::FINISHED, result.as_deref(), &subtree);
+        let generated: usize = turns.iter().map(|t| t.completion_ids.len()).sum();
+        let rec = NodeRecord {
+            run: tree.meta.run.clone(),
+            iteration: tree.meta.iteration,
+            env: tree.meta.env.clone(),
+            task_id: tree.spec.task_id.clone(),
+            group: tree.spec.group,
+            depth: depth as i32,
+            child_index: path.last().copied().unwrap_or(0) as i32,
+            spawn_step,
+            policy_version: tree.version,
+            goal: vocab.text(&goal),
+            goal_ids: goal.clone(),
+            status: status.to_string(),
+            score,
+            steps: steps as i32,
+            prompt_ids: prompt,
+            turns,
+            context_tokens: context.len() as i32,
+            generated_tokens: generated as i32,
+            result: result.clone(),
+            counters: own,
+            started_ms,
+            finished_ms: now_ms(),
+            ..Default::default()
+        };
+        tree.nodes.lock().unwrap().push((path, rec));
+        // Leave the rounds: the last of a family hands its slot to the waiting parent.
+        match siblings_left {
+            Some(left) if left.fetch_sub(1, Ordering::SeqCst) == 1 => {}
+            _ => b.deactivate(1),
+        }
+        Outcome { score, result, subtree }
+    })
+}

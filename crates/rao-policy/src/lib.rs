@@ -1,0 +1,1 @@
+//! The Burn policy: a small decoder-only transformer over the environments' tokenizer.
