@@ -33,8 +33,27 @@ struct RawRecipe {
     ingredients: BTreeMap<String, u32>,
 }
 
+/// Load a recipe directory and a task file together: items that only appear in tasks
+/// (e.g. distractors in an inventory) join the world as base items.
+pub fn load(dir: &Path, tasks: &Path) -> Result<(World, Vec<Task>), LoadError> {
+    let text = std::fs::read_to_string(tasks).map_err(|e| LoadError::Io { path: tasks.display().to_string(), source: e })?;
+    let mut extra = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).map_err(|e| bad(tasks, e.to_string()))?;
+        extra.extend(pairs(&v["misc"]["initial_inventory"]).into_iter().map(|(n, _)| n));
+        extra.extend(pairs(&v["misc"]["target_items"]).into_iter().map(|(n, _)| n));
+    }
+    let world = load_world_with(dir, &extra)?;
+    let tasks = load_tasks(&world, tasks)?;
+    Ok((world, tasks))
+}
+
 /// Load every `*.json` recipe under `dir/recipes` (or `dir`), with tags from `dir/tags`.
 pub fn load_world(dir: &Path) -> Result<World, LoadError> {
+    load_world_with(dir, &[])
+}
+
+fn load_world_with(dir: &Path, extra_items: &[String]) -> Result<World, LoadError> {
     let recipe_dir = if dir.join("recipes").is_dir() { dir.join("recipes") } else { dir.to_path_buf() };
     let mut tags: HashMap<String, String> = HashMap::new();
     if dir.join("tags").is_dir() {
@@ -96,6 +115,7 @@ pub fn load_world(dir: &Path) -> Result<World, LoadError> {
     }
     // Every item mentioned, in a stable order.
     let mut names: Vec<String> = raws.iter().flat_map(|r| std::iter::once(r.result.clone()).chain(r.ingredients.keys().cloned())).collect();
+    names.extend(extra_items.iter().cloned());
     names.sort();
     names.dedup();
     let id_of: HashMap<&str, ItemId> = names.iter().enumerate().map(|(i, n)| (n.as_str(), i as ItemId)).collect();
