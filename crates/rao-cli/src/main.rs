@@ -101,6 +101,21 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Print execution trees: goals, actions, receipts and scores, indented by depth.
+    Inspect {
+        /// A trees Parquet file (a path, or a key inside --store).
+        trees: String,
+        /// Read TREES from this store (URL or path) instead of the local filesystem.
+        #[arg(long)]
+        store: Option<String>,
+        #[arg(long)]
+        task: Option<String>,
+        #[arg(long)]
+        group: Option<i32>,
+        /// Trees to print.
+        #[arg(long, default_value_t = 3)]
+        limit: usize,
+    },
     /// Print the JSON Schema of pipeline files.
     Schema,
 }
@@ -183,6 +198,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             if !quiet {
                 println!("{}", serde_json::to_string_pretty(&m)?);
             }
+        }
+        Command::Inspect { trees, store, task, group, limit } => {
+            let bytes = match store {
+                Some(url) => Store::open(&url, std::path::Path::new("."))?.get(&trees).await?,
+                None => bytes::Bytes::from(std::fs::read(&trees).map_err(|e| anyhow::anyhow!("cannot read {trees}: {e}"))?),
+            };
+            let nodes = rao_core::parquet_io::nodes_from_parquet(bytes)?;
+            print!("{}", rao_stages::inspect::render(&nodes, task.as_deref(), group, limit));
         }
         Command::Schema => print!("{}", rao_pipeline::schema::pipeline_schema_text(&registry)),
     }

@@ -213,3 +213,54 @@ impl StageContext {
         self.metrics.lock().unwrap().insert(name.to_string(), value);
     }
 }
+
+/// The easy way to write a kind: typed params and fixed inputs/outputs. Register with
+/// `registry.register(Arc::new(Typed::<MyStage>::default()))`.
+pub trait TypedStage: Send + Sync + 'static {
+    type Params: DeserializeOwned + schemars::JsonSchema + Send + 'static;
+    const NAME: &'static str;
+    /// Bump when outputs would change for the same params and inputs.
+    const VERSION: u32;
+    const DESCRIBE: &'static str;
+    const INPUTS: &'static [InputDecl];
+    const OUTPUTS: &'static [&'static str];
+    fn run(ctx: StageContext, params: Self::Params) -> BoxFuture<'static, anyhow::Result<()>>;
+}
+
+pub struct Typed<T>(std::marker::PhantomData<T>);
+
+impl<T> Default for Typed<T> {
+    fn default() -> Self {
+        Typed(std::marker::PhantomData)
+    }
+}
+
+impl<T: TypedStage> StageKind for Typed<T> {
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+    fn version(&self) -> u32 {
+        T::VERSION
+    }
+    fn describe(&self) -> &'static str {
+        T::DESCRIBE
+    }
+    fn params_schema(&self) -> schemars::Schema {
+        schemars::schema_for!(T::Params)
+    }
+    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
+        check_typed::<T::Params>(params)
+    }
+    fn inputs(&self) -> Option<&'static [InputDecl]> {
+        Some(T::INPUTS)
+    }
+    fn outputs(&self) -> Option<&'static [&'static str]> {
+        Some(T::OUTPUTS)
+    }
+    fn run(&self, ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>> {
+        match ctx.params_as::<T::Params>() {
+            Ok(p) => T::run(ctx, p),
+            Err(e) => Box::pin(async move { Err(e) }),
+        }
+    }
+}

@@ -19,6 +19,6 @@ pub mod store;
 pub use compile::{Compiled, compile_str, load};
 pub use diag::Diagnostics;
 pub use events::{Event, Reporter};
-pub use kind::{InputArtifact, InputDecl, ParamError, Registry, StageContext, StageKind};
+pub use kind::{InputArtifact, InputDecl, ParamError, Registry, StageContext, StageKind, Typed, TypedStage};
 pub use scheduler::{Executor, InProcess, LocalProcess, RunOptions, RunRecord, run};
 pub use store::Store;

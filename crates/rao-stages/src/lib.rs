@@ -1,8 +1,18 @@
 //! The RL stage kinds, binding the orchestrator to the environments, runtime and learner.
 
-use rao_pipeline::Registry;
+use std::sync::Arc;
+
+use rao_pipeline::{Registry, Typed};
+
+pub mod inspect;
+pub mod rollout;
+pub mod synthesize;
+pub mod tasks_io;
 
 /// Every stage kind this build of rao knows: the engine's built-ins plus the RL kinds.
 pub fn registry() -> Registry {
-    Registry::with_builtins()
+    let mut r = Registry::with_builtins();
+    r.register(Arc::new(Typed::<synthesize::Synthesize>::default()));
+    r.register(Arc::new(Typed::<rollout::Rollout>::default()));
+    r
 }

@@ -55,7 +55,7 @@ pub struct Bands {
     pub extreme: (u32, u32),
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Band {
     Easy,

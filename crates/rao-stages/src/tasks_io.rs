@@ -1,0 +1,66 @@
+//! Task sets as artifacts: `world.json` (the world, so any stage can rebuild it) and
+//! `tasks.parquet` (one row per task; inventories and gold actions as JSON text).
+
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::Int64Type;
+use bytes::Bytes;
+use rao_core::parquet_io::{Column, read_batches, table_to_parquet};
+use rao_envs::textcraft::{Band, Task, World};
+
+pub const WORLD_FILE: &str = "world.json";
+pub const TASKS_FILE: &str = "tasks.parquet";
+
+pub fn tasks_to_parquet(world: &World, tasks: &[Task]) -> anyhow::Result<Bytes> {
+    let names = |f: &dyn Fn(&Task) -> String| tasks.iter().map(f).collect::<Vec<_>>();
+    Ok(table_to_parquet(vec![
+        ("id", Column::Str(names(&|t| t.id.clone()))),
+        ("band", Column::OptStr(tasks.iter().map(|t| t.band.map(|b| b.name().to_string())).collect())),
+        ("target", Column::Str(names(&|t| world.item(t.target).name.clone()))),
+        ("target_tier", Column::I64(tasks.iter().map(|t| world.item(t.target).tier as i64).collect())),
+        ("count", Column::I64(tasks.iter().map(|t| t.count as i64).collect())),
+        ("validation", Column::Bool(tasks.iter().map(|t| t.validation).collect())),
+        (
+            "inventory",
+            Column::Str(names(&|t| serde_json::to_string(&t.inventory.iter().map(|(i, n)| (world.item(*i).name.clone(), *n)).collect::<Vec<_>>()).unwrap())),
+        ),
+        ("gold", Column::Str(names(&|t| serde_json::to_string(&t.gold).unwrap()))),
+    ])?)
+}
+
+pub fn tasks_from_parquet(world: &World, bytes: Bytes) -> anyhow::Result<Vec<Task>> {
+    let mut out = Vec::new();
+    for b in read_batches(bytes)? {
+        let s = |n: &str| b.column_by_name(n).map(|c| c.as_string::<i32>().clone()).ok_or_else(|| anyhow::anyhow!("tasks.parquet lacks column `{n}`"));
+        let (id, band, target, inventory, gold) = (s("id")?, s("band")?, s("target")?, s("inventory")?, s("gold")?);
+        let count = b.column_by_name("count").unwrap().as_primitive::<Int64Type>().clone();
+        let validation = b.column_by_name("validation").unwrap().as_boolean().clone();
+        for r in 0..b.num_rows() {
+            let item = |name: &str| world.by_name(name).ok_or_else(|| anyhow::anyhow!("task {} names unknown item `{name}`", id.value(r)));
+            let inv: Vec<(String, u32)> = serde_json::from_str(inventory.value(r))?;
+            out.push(Task {
+                id: id.value(r).to_string(),
+                band: if band.is_null(r) { None } else { Band::parse(band.value(r)) },
+                target: item(target.value(r))?,
+                count: count.value(r) as u32,
+                inventory: inv.iter().map(|(n, c)| Ok((item(n)?, *c))).collect::<anyhow::Result<_>>()?,
+                validation: validation.value(r),
+                gold: serde_json::from_str(gold.value(r))?,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Read the world and tasks of a `tasks` artifact.
+pub async fn load_tasks(ctx: &rao_pipeline::StageContext, input: &str) -> anyhow::Result<(Arc<World>, Vec<Task>)> {
+    let artifacts = ctx.input(input)?;
+    let first = artifacts.first().ok_or_else(|| anyhow::anyhow!("input `{input}` is empty"))?;
+    let world = Arc::new(World::from_json(std::str::from_utf8(&ctx.read_input_file(first, WORLD_FILE).await?)?)?);
+    let mut tasks = Vec::new();
+    for a in artifacts {
+        tasks.extend(tasks_from_parquet(&world, ctx.read_input_file(a, TASKS_FILE).await?)?);
+    }
+    Ok((world, tasks))
+}
