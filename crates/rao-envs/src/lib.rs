@@ -2,6 +2,7 @@
 //! no async, no global state; the runtime (rao-agent) drives them.
 
 pub mod env;
+pub mod grammar;
 pub mod rng;
 pub mod textcraft;
 pub mod vocab;

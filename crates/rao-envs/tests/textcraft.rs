@@ -195,3 +195,35 @@ fn minecraft_recipes_and_gold_trajectories() {
         assert_eq!(run_flat(&w, t, 100), 1.0);
     }
 }
+
+#[test]
+fn grammar_accepts_every_expert_action_and_only_well_formed_ones() {
+    use rao_envs::grammar::Grammar;
+    use rao_envs::rng::Rng;
+    let w = Arc::new(textcraft::generate(&SynthConfig::small(), 2));
+    let g = textcraft::grammar::TextCraftGrammar::new(&w, 8);
+    let lang = Lang::new(&w);
+    let accepts = |recursive: bool, toks: &[Tok]| {
+        (0..toks.len()).all(|i| g.allowed(recursive, &toks[..i]).contains(&toks[i])) && g.allowed(recursive, toks).contains(&EOS)
+    };
+    let item = w.targets(Band::Medium, false)[0];
+    for a in [Action::Info(item), Action::Craft(item, 1), Action::Craft(item, 17), Action::Inv, Action::Finish, Action::Spawn(vec![(item, 2), (item + 1, 1)])] {
+        assert!(accepts(true, &lang.encode(&a)), "{a:?}");
+    }
+    assert!(!accepts(false, &lang.encode(&Action::Spawn(vec![(item, 1)]))), "no spawn in flat mode");
+    assert!(!accepts(true, &lang.encode(&Action::Craft(item, 100))), "at most two digits");
+    // Random walks through the grammar always parse.
+    let mut rng = Rng::new(5);
+    for _ in 0..500 {
+        let mut toks = Vec::new();
+        loop {
+            let allowed = g.allowed(true, &toks);
+            let t = allowed[rng.below(allowed.len())];
+            if t == EOS {
+                break;
+            }
+            toks.push(t);
+        }
+        assert!(lang.parse(&toks).is_ok(), "{}", w.vocab.text(&toks));
+    }
+}

@@ -1,6 +1,7 @@
 //! TextCraft: crafting tasks that decompose into parallel sub-tasks (ENVIRONMENTS.md §1).
 
 pub mod episode;
+pub mod grammar;
 pub mod expert;
 pub mod minecraft;
 pub mod tasks;

@@ -1,0 +1,127 @@
+//! The TextCraft action grammar: verb, then item names from the world (a trie of their
+//! tokens), optional counts of at most two digits, `,` between spawn goals.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::world::World;
+use crate::grammar::Grammar;
+use crate::vocab::{EOS, Tok};
+
+#[derive(Default)]
+struct TrieNode {
+    next: BTreeMap<Tok, usize>,
+    terminal: bool,
+}
+
+pub struct TextCraftGrammar {
+    nodes: Vec<TrieNode>,
+    info: Tok,
+    craft: Tok,
+    inv: Tok,
+    finish: Tok,
+    spawn: Tok,
+    comma: Tok,
+    digits: Vec<Tok>,
+    /// Most goals in one `spawn`.
+    pub max_spawn_goals: usize,
+}
+
+impl TextCraftGrammar {
+    pub fn new(world: &World, max_spawn_goals: usize) -> Self {
+        let mut nodes = vec![TrieNode::default()];
+        for it in &world.items {
+            let mut cur = 0;
+            for &t in &it.tokens {
+                cur = match nodes[cur].next.get(&t) {
+                    Some(&n) => n,
+                    None => {
+                        nodes.push(TrieNode::default());
+                        let n = nodes.len() - 1;
+                        nodes[cur].next.insert(t, n);
+                        n
+                    }
+                };
+            }
+            nodes[cur].terminal = true;
+        }
+        let v = &world.vocab;
+        TextCraftGrammar {
+            nodes,
+            info: v.id("info"),
+            craft: v.id("craft"),
+            inv: v.id("inv"),
+            finish: v.id("finish"),
+            spawn: v.id("spawn"),
+            comma: v.id(","),
+            digits: (0..10).map(|d| v.id(&d.to_string())).collect(),
+            max_spawn_goals: max_spawn_goals.max(1),
+        }
+    }
+
+    /// After an argument list's tokens `args` (items, counts, commas): what may follow.
+    fn after_args(&self, args: &[Tok], multi: bool) -> Vec<Tok> {
+        let mut goals = 1;
+        let mut node = 0usize;
+        let mut digits = 0usize;
+        for &t in args {
+            if t == self.comma {
+                goals += 1;
+                node = 0;
+                digits = 0;
+            } else if digits > 0 || (self.nodes[node].terminal && self.digits.contains(&t) && !self.nodes[node].next.contains_key(&t)) {
+                digits += 1;
+            } else if let Some(&n) = self.nodes[node].next.get(&t) {
+                node = n;
+            } else {
+                return vec![EOS]; // not reachable when sampling under this grammar
+            }
+        }
+        let mut out = BTreeSet::new();
+        if digits == 0 {
+            out.extend(self.nodes[node].next.keys().copied());
+        }
+        if self.nodes[node].terminal {
+            if digits == 0 {
+                out.extend(self.digits[1..].iter().copied());
+            } else if digits == 1 {
+                out.extend(self.digits.iter().copied());
+            }
+            out.insert(EOS);
+            if multi && goals < self.max_spawn_goals {
+                out.insert(self.comma);
+            }
+        }
+        out.into_iter().collect()
+    }
+}
+
+impl Grammar for TextCraftGrammar {
+    fn allowed(&self, recursive: bool, prefix: &[Tok]) -> Vec<Tok> {
+        let Some((&verb, args)) = prefix.split_first() else {
+            let mut v = vec![self.info, self.craft, self.inv, self.finish];
+            if recursive {
+                v.push(self.spawn);
+            }
+            return v;
+        };
+        if verb == self.inv || verb == self.finish {
+            return vec![EOS];
+        }
+        if verb == self.info {
+            // Exactly one item, no count.
+            let mut node = 0;
+            for &t in args {
+                match self.nodes[node].next.get(&t) {
+                    Some(&n) => node = n,
+                    None => return vec![EOS],
+                }
+            }
+            let mut out: Vec<Tok> = self.nodes[node].next.keys().copied().collect();
+            if self.nodes[node].terminal {
+                out.push(EOS);
+            }
+            return out;
+        }
+        self.after_args(args, verb == self.spawn)
+    }
+}
