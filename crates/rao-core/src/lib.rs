@@ -2,6 +2,7 @@
 //! and their Arrow/Parquet form.
 
 pub mod parquet_io;
+pub mod rao;
 pub mod tree;
 
 pub use tree::{NodeRecord, Turn};
