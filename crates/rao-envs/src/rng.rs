@@ -45,6 +45,13 @@ impl Rng {
         (self.next_u64() % n as u64) as usize
     }
 
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u = ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        let v = self.f64();
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+
     pub fn chance(&mut self, p: f64) -> bool {
         self.f64() < p
     }

@@ -1,0 +1,383 @@
+//! The trainable policy: batched constrained sampling with a KV cache, sequence log-probs under
+//! the same grammar mask, RL losses (CISPO, REINFORCE, PPO-clip), supervised warm start, and
+//! checkpoints.
+
+use burn::module::Module;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use rao_envs::grammar::Grammar;
+use rao_envs::rng::Rng;
+use rao_envs::vocab::{EOS, PAD, Tok};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{KvCache, ModelConfig, Transformer, init_params};
+use crate::params::{AdamW, bytes_to_f32s, f32s_to_bytes, param_shapes, read_grads, read_params, write_params};
+
+const NEG: f32 = -1.0e9;
+
+/// Where tensors live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Burn's pure-Rust CPU backend (Flex, threaded + SIMD). Runs anywhere.
+    #[default]
+    Cpu,
+    /// wgpu (Vulkan/Metal/DX12/GL) — needs a build with `--features wgpu`.
+    Wgpu,
+}
+
+pub fn device(backend: Backend) -> anyhow::Result<Device> {
+    match backend {
+        Backend::Cpu => Ok(Device::flex()),
+        Backend::Wgpu => wgpu_device(),
+    }
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_device() -> anyhow::Result<Device> {
+    Device::wgpu_options().init().map_err(|e| {
+        anyhow::anyhow!(
+            "no wgpu adapter found ({e}). Install a GPU or a Vulkan driver (Debian: `apt install mesa-vulkan-drivers libvulkan1` gives a software one), or set `backend: cpu`"
+        )
+    })
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu_device() -> anyhow::Result<Device> {
+    anyhow::bail!("this rao was built without the GPU backend: rebuild with `cargo build --release --features wgpu`, or set `backend: cpu`")
+}
+
+/// One node asking for its next action.
+#[derive(Debug, Clone)]
+pub struct SampleRequest {
+    pub context: Vec<Tok>,
+    pub max_new_tokens: usize,
+    pub seed: u64,
+    pub recursive: bool,
+}
+
+/// One training sequence: a node's tokens, which of them the policy generated, their behaviour
+/// log-probs, and the node's advantage.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub tokens: Vec<Tok>,
+    pub generated: Vec<bool>,
+    pub old_logprobs: Vec<f32>,
+    pub advantage: f32,
+    pub recursive: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Loss {
+    /// CISPO: −sg(clip(ρ, lo, hi)) · A · log π, token mean.
+    Cispo { lo: f64, hi: f64 },
+    /// Plain policy gradient: −A · log π.
+    Reinforce,
+    /// PPO-clip: −min(ρA, clip(ρ, 1−ε, 1+ε)A).
+    PpoClip { epsilon: f64 },
+    /// Supervised next-token (warm start): −log π of the demonstrated tokens.
+    Supervised,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StepMetrics {
+    pub loss: f64,
+    pub mean_abs_ratio_minus_1: f64,
+    pub clip_fraction: f64,
+    pub grad_norm: f64,
+    pub tokens: usize,
+    pub sequences: usize,
+}
+
+/// Serialised policy: config + metadata, parameters, optimiser moments.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub meta: CheckpointMeta,
+    pub params: Vec<u8>,
+    pub optim: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    pub config: ModelConfig,
+    pub version: i32,
+    pub optimizer: AdamW,
+    pub param_sizes: Vec<usize>,
+    pub param_shapes: Vec<Vec<usize>>,
+}
+
+pub struct Policy {
+    pub cfg: ModelConfig,
+    pub model: Transformer,
+    pub device: Device,
+    pub optim: AdamW,
+    pub version: i32,
+}
+
+impl Policy {
+    pub fn new(cfg: ModelConfig, backend: Backend, seed: u64) -> anyhow::Result<Policy> {
+        anyhow::ensure!(cfg.vocab > 0, "model vocabulary size is 0");
+        let device = device(backend)?;
+        let model = init_params(Transformer::new(&cfg, &device.clone().autodiff()), seed);
+        Ok(Policy { cfg, model, device, optim: AdamW::new(1.0, 0.0), version: 0 })
+    }
+
+    pub fn checkpoint(&self) -> Checkpoint {
+        let params = read_params(&self.model);
+        Checkpoint {
+            meta: CheckpointMeta {
+                config: self.cfg.clone(),
+                version: self.version,
+                optimizer: self.optim.clone(),
+                param_sizes: params.iter().map(|p| p.len()).collect(),
+                param_shapes: param_shapes(&self.model),
+            },
+            params: f32s_to_bytes(&params),
+            optim: [f32s_to_bytes(&self.optim.m), f32s_to_bytes(&self.optim.v)].concat(),
+        }
+    }
+
+    pub fn from_checkpoint(ck: &Checkpoint, backend: Backend) -> anyhow::Result<Policy> {
+        let mut p = Policy::new(ck.meta.config.clone(), backend, 0)?;
+        anyhow::ensure!(param_shapes(&p.model) == ck.meta.param_shapes, "checkpoint shapes do not match its model config");
+        let values = bytes_to_f32s(&ck.params, &ck.meta.param_sizes)?;
+        p.model = write_params(p.model, &values);
+        p.optim = ck.meta.optimizer.clone();
+        if !ck.optim.is_empty() {
+            let both = bytes_to_f32s(&ck.optim, &[ck.meta.param_sizes.clone(), ck.meta.param_sizes.clone()].concat())?;
+            let (m, v) = both.split_at(ck.meta.param_sizes.len());
+            p.optim.m = m.to_vec();
+            p.optim.v = v.to_vec();
+        }
+        p.version = ck.meta.version;
+        Ok(p)
+    }
+
+    /// Generate one action per request, in one batched pass per token (KV cache), sampling only
+    /// what the grammar allows. Returns tokens (ending in `<eos>` unless the window ran out) and
+    /// the log-prob of each under the distribution actually sampled from.
+    pub fn sample(&self, reqs: &[SampleRequest], grammar: &dyn Grammar, temperature: f64) -> Vec<(Vec<Tok>, Vec<f32>)> {
+        if reqs.is_empty() {
+            return vec![];
+        }
+        let model = self.model.valid();
+        let dev = &self.device;
+        let b = reqs.len();
+        let lens: Vec<usize> = reqs.iter().map(|r| r.context.len()).collect();
+        let t = *lens.iter().max().unwrap();
+        let mut toks = vec![PAD as i64; b * t];
+        for (i, r) in reqs.iter().enumerate() {
+            for (j, &x) in r.context.iter().enumerate() {
+                toks[i * t + j] = x as i64;
+            }
+        }
+        let positions: Vec<Vec<usize>> = (0..b).map(|_| (0..t).collect()).collect();
+        let mut bias = vec![NEG; b * t * t];
+        for i in 0..b {
+            for q in 0..t {
+                for k in 0..=q.min(lens[i].saturating_sub(1)) {
+                    bias[(i * t + q) * t + k] = 0.0;
+                }
+            }
+        }
+        let mut cache = KvCache::default();
+        let logits = model.forward(
+            Tensor::<2, Int>::from_data(TensorData::new(toks, [b, t]), dev),
+            &positions,
+            Tensor::<4>::from_data(TensorData::new(bias, [b, 1, t, t]), dev),
+            Some(&mut cache),
+        );
+        let vocab = self.cfg.vocab;
+        let all: Vec<f32> = logits.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 logits");
+        let mut last: Vec<Vec<f32>> = (0..b).map(|i| all[(i * t + lens[i] - 1) * vocab..(i * t + lens[i]) * vocab].to_vec()).collect();
+        let mut out: Vec<(Vec<Tok>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); b];
+        let mut done: Vec<bool> = reqs.iter().map(|r| r.max_new_tokens == 0).collect();
+        let mut rngs: Vec<Rng> = reqs.iter().map(|r| Rng::new(r.seed)).collect();
+        let mut slots = t; // keys in the cache
+        loop {
+            let mut next = vec![PAD as i64; b];
+            for i in 0..b {
+                if done[i] {
+                    continue;
+                }
+                let allowed = grammar.allowed(reqs[i].recursive, &out[i].0);
+                let (tok, lp) = sample_masked(&last[i], &allowed, temperature, &mut rngs[i]);
+                out[i].0.push(tok);
+                out[i].1.push(lp);
+                next[i] = tok as i64;
+                if tok == EOS || out[i].0.len() >= reqs[i].max_new_tokens {
+                    done[i] = true;
+                }
+            }
+            if done.iter().all(|d| *d) {
+                break;
+            }
+            // One more token for every row through the cache.
+            let pos: Vec<Vec<usize>> = (0..b).map(|i| vec![lens[i] + out[i].0.len() - 1]).collect();
+            let s = slots + 1;
+            let mut bias = vec![NEG; b * s];
+            for i in 0..b {
+                for k in 0..s {
+                    if k < lens[i] || k >= t {
+                        bias[i * s + k] = 0.0;
+                    }
+                }
+            }
+            let logits = model.forward(
+                Tensor::<2, Int>::from_data(TensorData::new(next, [b, 1]), dev),
+                &pos,
+                Tensor::<4>::from_data(TensorData::new(bias, [b, 1, 1, s]), dev),
+                Some(&mut cache),
+            );
+            slots = s;
+            let all: Vec<f32> = logits.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 logits");
+            last = (0..b).map(|i| all[i * vocab..(i + 1) * vocab].to_vec()).collect();
+        }
+        out
+    }
+
+    /// Right-padded batch tensors for sequences: inputs, targets, loss mask, grammar bias.
+    fn batch(&self, seqs: &[Sequence], grammar: &dyn Grammar, dev: &Device) -> Batch {
+        let b = seqs.len();
+        let t = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(1).max(2) - 1;
+        let v = self.cfg.vocab;
+        let mut inputs = vec![PAD as i64; b * t];
+        let mut targets = vec![0i64; b * t];
+        let mut mask = vec![0.0f32; b * t];
+        let mut old = vec![0.0f32; b * t];
+        let mut adv = vec![0.0f32; b * t];
+        let mut gbias = vec![0.0f32; b * t * v];
+        for (i, s) in seqs.iter().enumerate() {
+            let mut action_start = 0;
+            for j in 0..s.tokens.len().saturating_sub(1) {
+                inputs[i * t + j] = s.tokens[j] as i64;
+                targets[i * t + j] = s.tokens[j + 1] as i64;
+                if s.generated[j + 1] {
+                    if !s.generated[j] {
+                        action_start = j + 1;
+                    }
+                    mask[i * t + j] = 1.0;
+                    old[i * t + j] = s.old_logprobs[j + 1];
+                    adv[i * t + j] = s.advantage;
+                    let allowed = grammar.allowed(s.recursive, &s.tokens[action_start..j + 1]);
+                    let row = &mut gbias[(i * t + j) * v..(i * t + j + 1) * v];
+                    row.fill(NEG);
+                    for a in allowed {
+                        row[a as usize] = 0.0;
+                    }
+                }
+            }
+        }
+        let mut bias = vec![NEG; b * t * t];
+        for (i, s) in seqs.iter().enumerate() {
+            let len = s.tokens.len() - 1;
+            for q in 0..t {
+                for k in 0..=q.min(len.saturating_sub(1)) {
+                    bias[(i * t + q) * t + k] = 0.0;
+                }
+            }
+        }
+        let f2 = |x: Vec<f32>| Tensor::<2>::from_data(TensorData::new(x, [b, t]), dev);
+        Batch {
+            inputs: Tensor::<2, Int>::from_data(TensorData::new(inputs, [b, t]), dev),
+            targets: Tensor::<2, Int>::from_data(TensorData::new(targets, [b, t]), dev),
+            mask: f2(mask),
+            old: f2(old),
+            adv: f2(adv),
+            grammar: Tensor::<3>::from_data(TensorData::new(gbias, [b, t, v]), dev),
+            attn: Tensor::<4>::from_data(TensorData::new(bias, [b, 1, t, t]), dev),
+            positions: (0..b).map(|_| (0..t).collect()).collect(),
+        }
+    }
+
+    /// Log-probs `[B, T]` of each target token under the masked, tempered distribution.
+    fn token_logprobs(model: &Transformer, batch: &Batch, temperature: f64) -> Tensor<2> {
+        let logits = model.forward(batch.inputs.clone(), &batch.positions, batch.attn.clone(), None) / temperature + batch.grammar.clone();
+        log_softmax(logits, 2).gather(2, batch.targets.clone().unsqueeze_dim::<3>(2)).squeeze_dim::<2>(2)
+    }
+
+    /// Current log-probs of the generated tokens of each sequence (no gradient).
+    pub fn sequence_logprobs(&self, seqs: &[Sequence], grammar: &dyn Grammar, temperature: f64) -> Vec<Vec<f32>> {
+        let model = self.model.valid();
+        let batch = self.batch(seqs, grammar, &self.device);
+        let lp = Self::token_logprobs(&model, &batch, temperature);
+        let t = lp.dims()[1];
+        let flat: Vec<f32> = lp.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32");
+        seqs.iter()
+            .enumerate()
+            .map(|(i, s)| (0..s.tokens.len() - 1).filter(|&j| s.generated[j + 1]).map(|j| flat[i * t + j]).collect())
+            .collect()
+    }
+
+    /// The loss of a batch as an autodiff tensor, plus ratio statistics.
+    pub fn loss(&self, seqs: &[Sequence], grammar: &dyn Grammar, loss: Loss, temperature: f64) -> (Tensor<1>, StepMetrics) {
+        let dev = self.device.clone().autodiff();
+        let batch = self.batch(seqs, grammar, &dev);
+        let lp = Self::token_logprobs(&self.model, &batch, temperature);
+        let n: f64 = batch.mask.clone().sum().into_scalar::<f32>() as f64;
+        let n = n.max(1.0);
+        let ratio = (lp.clone().detach() - batch.old.clone()).exp();
+        let mut m = StepMetrics { tokens: n as usize, sequences: seqs.len(), ..Default::default() };
+        let masked_mean = |x: Tensor<2>| (x * batch.mask.clone()).sum().into_scalar::<f32>() as f64 / n;
+        m.mean_abs_ratio_minus_1 = masked_mean((ratio.clone() - 1.0).abs());
+        let objective: Tensor<2> = match loss {
+            Loss::Cispo { lo, hi } => {
+                let outside = ratio.clone().lower_elem(lo).float() + ratio.clone().greater_elem(hi).float();
+                m.clip_fraction = masked_mean(outside);
+                ratio.clamp(lo, hi).detach() * batch.adv.clone() * lp
+            }
+            Loss::Reinforce => batch.adv.clone() * lp,
+            Loss::PpoClip { epsilon } => {
+                let r = (lp - batch.old.clone()).exp();
+                let outside = r.clone().lower_elem(1.0 - epsilon).float() + r.clone().greater_elem(1.0 + epsilon).float();
+                m.clip_fraction = masked_mean(outside.detach());
+                let a = batch.adv.clone();
+                let unclipped = r.clone() * a.clone();
+                let clipped = r.clamp(1.0 - epsilon, 1.0 + epsilon) * a;
+                unclipped.min_pair(clipped)
+            }
+            Loss::Supervised => lp,
+        };
+        let total = (objective * batch.mask.clone()).sum().neg() / n;
+        (total, m)
+    }
+
+    /// One optimiser step on a batch; returns metrics.
+    pub fn train_step(&mut self, seqs: &[Sequence], grammar: &dyn Grammar, loss: Loss, lr: f64, temperature: f64) -> StepMetrics {
+        let (total, mut m) = self.loss(seqs, grammar, loss, temperature);
+        m.loss = total.clone().into_scalar::<f32>() as f64;
+        let grads = total.backward();
+        let g = read_grads(&self.model, &grads);
+        let mut params = read_params(&self.model);
+        m.grad_norm = self.optim.update(&mut params, &g, lr);
+        self.model = write_params(self.model.clone(), &params);
+        m
+    }
+}
+
+struct Batch {
+    inputs: Tensor<2, Int>,
+    targets: Tensor<2, Int>,
+    mask: Tensor<2>,
+    old: Tensor<2>,
+    adv: Tensor<2>,
+    grammar: Tensor<3>,
+    attn: Tensor<4>,
+    positions: Vec<Vec<usize>>,
+}
+
+/// Sample from softmax(logits / τ) restricted to `allowed`; returns the token and its log-prob
+/// under exactly that distribution (τ = 0: greedy, log-prob 0).
+pub fn sample_masked(logits: &[f32], allowed: &[Tok], temperature: f64, rng: &mut Rng) -> (Tok, f32) {
+    if temperature <= 0.0 {
+        let best = *allowed.iter().max_by(|a, b| logits[**a as usize].total_cmp(&logits[**b as usize])).unwrap();
+        return (best, 0.0);
+    }
+    let scaled: Vec<f64> = allowed.iter().map(|&a| logits[a as usize] as f64 / temperature).collect();
+    let max = scaled.iter().cloned().fold(f64::MIN, f64::max);
+    let z: f64 = scaled.iter().map(|x| (x - max).exp()).sum();
+    let probs: Vec<f64> = scaled.iter().map(|x| (x - max).exp() / z).collect();
+    let k = rng.weighted(&probs);
+    (allowed[k], (probs[k].ln()) as f32)
+}
