@@ -14,5 +14,16 @@ pub fn registry() -> Registry {
     let mut r = Registry::with_builtins();
     r.register(Arc::new(Typed::<synthesize::Synthesize>::default()));
     r.register(Arc::new(Typed::<rollout::Rollout>::default()));
+    r.register(Arc::new(Typed::<warmstart::Warmstart>::default()));
+    r.register(Arc::new(Typed::<judge::Judge>::default()));
+    r.register(Arc::new(Typed::<advantage::Advantage>::default()));
+    r.register(Arc::new(Typed::<update::Update>::default()));
     r
 }
+pub mod neural;
+pub mod advantage;
+pub mod judge;
+pub mod llm_judge;
+pub mod training;
+pub mod update;
+pub mod warmstart;

@@ -6,6 +6,7 @@ use futures::future::BoxFuture;
 use rao_agent::{Batcher, Limits, Policy, RunMeta, ScriptedExpert, TreeSpec, UniformRandom, run_trees};
 use rao_core::NodeRecord;
 use rao_core::parquet_io::nodes_to_parquet;
+use rao_envs::textcraft::grammar::TextCraftGrammar;
 use rao_envs::textcraft::{ExpertConfig, TextCraftEpisode, World};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
@@ -22,6 +23,8 @@ pub enum PolicyKind {
     Expert,
     /// Uniformly random well-formed actions.
     Random,
+    /// The learned policy of the `checkpoint` input.
+    Checkpoint,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq)]
@@ -116,6 +119,14 @@ pub struct RolloutParams {
     pub limits: LimitParams,
     #[serde(default)]
     pub expert: ExpertParams,
+    /// Sampling temperature of a learned policy (1 = its own distribution).
+    #[serde(default = "one")]
+    pub temperature: f64,
+    #[serde(default)]
+    pub backend: rao_policy::Backend,
+    /// Loop iteration recorded with every node (e.g. `${loop.iteration}`).
+    #[serde(default)]
+    pub iteration: i32,
 }
 
 fn default_policy() -> PolicyKind {
@@ -171,20 +182,14 @@ impl TypedStage for Rollout {
     const NAME: &'static str = "rollout";
     const VERSION: u32 = 1;
     const DESCRIBE: &'static str = "run G execution trees per task with a policy; writes the node table (Parquet)";
-    const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }];
+    const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "checkpoint", required: false }];
     const OUTPUTS: &'static [&'static str] = &["trees"];
 
     fn run(ctx: StageContext, p: RolloutParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
             let (world, tasks) = load_tasks(&ctx, "tasks").await?;
-            let policy: Arc<dyn Policy> = match p.policy {
-                PolicyKind::Expert => Arc::new(ScriptedExpert {
-                    world: world.clone(),
-                    config: ExpertConfig { max_depth: p.limits.max_depth, delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed },
-                }),
-                PolicyKind::Random => Arc::new(UniformRandom { world: world.clone() }),
-            };
-            let meta = RunMeta { run: ctx.pipeline.clone(), iteration: 0, env: "textcraft".into() };
+            let policy = make_policy(&ctx, &world, &p).await?;
+            let meta = RunMeta { run: ctx.pipeline.clone(), iteration: p.iteration, env: "textcraft".into() };
             let trees = rollout_trees(&world, &tasks, policy, p.mode, p.group_size, p.limits.limits(p.mode), meta, ctx.seed).await;
             for (k, v) in tree_metrics(&trees) {
                 ctx.set_metric(k, v);
@@ -194,4 +199,25 @@ impl TypedStage for Rollout {
             Ok(())
         })
     }
+}
+
+/// The policy a rollout-like stage asked for.
+pub async fn make_policy(ctx: &StageContext, world: &Arc<World>, p: &RolloutParams) -> anyhow::Result<Arc<dyn Policy>> {
+            Ok(match p.policy {
+                PolicyKind::Expert => Arc::new(ScriptedExpert {
+                    world: world.clone(),
+                    config: ExpertConfig { max_depth: p.limits.max_depth, delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed },
+                }),
+                PolicyKind::Random => Arc::new(UniformRandom { world: world.clone() }),
+                PolicyKind::Checkpoint => {
+                    anyhow::ensure!(ctx.inputs.contains_key("checkpoint"), "`policy: checkpoint` needs a `checkpoint` input");
+                    let policy = crate::neural::load_policy(ctx, "checkpoint", p.backend).await?;
+                    Arc::new(crate::neural::NeuralPolicy {
+                        policy: Arc::new(policy),
+                        grammar: Arc::new(TextCraftGrammar::new(world, p.limits.max_children as usize)),
+                        world: world.clone(),
+                        temperature: p.temperature,
+                    })
+                }
+            })
 }

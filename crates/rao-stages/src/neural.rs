@@ -1,0 +1,58 @@
+//! The learned policy as the runtime's policy, and checkpoints as artifacts.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use rao_agent::{Policy as RuntimePolicy, Request, Response};
+use rao_envs::textcraft::World;
+use rao_envs::textcraft::grammar::TextCraftGrammar;
+use rao_pipeline::{InputArtifact, StageContext};
+use rao_policy::policy::CheckpointMeta;
+use rao_policy::{Backend, Checkpoint, Policy, SampleRequest};
+
+pub const META_FILE: &str = "checkpoint.json";
+pub const PARAMS_FILE: &str = "params.bin";
+pub const OPTIM_FILE: &str = "optim.bin";
+
+pub fn write_checkpoint(ctx: &StageContext, output: &str, ck: &Checkpoint) -> anyhow::Result<()> {
+    ctx.write_output(output, META_FILE, serde_json::to_string_pretty(&ck.meta)?.as_bytes())?;
+    ctx.write_output(output, PARAMS_FILE, &ck.params)?;
+    ctx.write_output(output, OPTIM_FILE, &ck.optim)?;
+    Ok(())
+}
+
+pub async fn read_checkpoint(ctx: &StageContext, a: &InputArtifact) -> anyhow::Result<Checkpoint> {
+    let meta: CheckpointMeta = serde_json::from_slice(&ctx.read_input_file(a, META_FILE).await?)?;
+    Ok(Checkpoint { meta, params: ctx.read_input_file(a, PARAMS_FILE).await?.to_vec(), optim: ctx.read_input_file(a, OPTIM_FILE).await?.to_vec() })
+}
+
+pub async fn load_policy(ctx: &StageContext, input: &str, backend: Backend) -> anyhow::Result<Policy> {
+    let a = ctx.input(input)?.first().ok_or_else(|| anyhow::anyhow!("input `{input}` is empty"))?.clone();
+    Policy::from_checkpoint(&read_checkpoint(ctx, &a).await?, backend)
+}
+
+/// Serves a round's batch with one batched, constrained, KV-cached sampling pass.
+pub struct NeuralPolicy {
+    pub policy: Arc<Policy>,
+    pub grammar: Arc<TextCraftGrammar>,
+    pub world: Arc<World>,
+    pub temperature: f64,
+}
+
+impl RuntimePolicy for NeuralPolicy {
+    fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
+        let rec = self.world.vocab.id("<rec>");
+        let reqs: Vec<SampleRequest> = batch
+            .into_iter()
+            .map(|r| SampleRequest { recursive: r.context.get(1) == Some(&rec), context: r.context, max_new_tokens: r.max_new_tokens, seed: r.seed })
+            .collect();
+        let (policy, grammar, temperature) = (self.policy.clone(), self.grammar.clone(), self.temperature);
+        Box::pin(async move {
+            let out = tokio::task::spawn_blocking(move || policy.sample(&reqs, grammar.as_ref(), temperature)).await.expect("sampling panicked");
+            out.into_iter().map(|(tokens, logprobs)| Response { tokens, logprobs }).collect()
+        })
+    }
+    fn version(&self) -> i32 {
+        self.policy.version
+    }
+}

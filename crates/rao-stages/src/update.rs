@@ -1,0 +1,126 @@
+//! `update`: one RL step on the policy — loads checkpoint k, writes checkpoint k+1 and the
+//! training metrics of the iteration.
+
+use futures::future::BoxFuture;
+use rao_envs::textcraft::grammar::TextCraftGrammar;
+use rao_envs::rng::Rng;
+use rao_pipeline::{InputDecl, StageContext, TypedStage};
+use rao_policy::{Backend, Loss};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::neural::{load_policy, write_checkpoint};
+use crate::rollout::tree_metrics;
+use crate::tasks_io::load_tasks;
+use crate::training::{node_sequence, read_trees, retry_rate};
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateParams {
+    /// CISPO (reference: lo 0, hi 5), REINFORCE or PPO-clip.
+    #[serde(default = "default_loss")]
+    pub loss: Loss,
+    #[serde(default = "default_lr")]
+    pub lr: f64,
+    /// Gradient steps over the batch (1 = RAO's one step per batch).
+    #[serde(default = "one")]
+    pub steps: usize,
+    /// Sequences per gradient step (0 = all).
+    #[serde(default)]
+    pub minibatch: usize,
+    #[serde(default = "temp")]
+    pub temperature: f64,
+    #[serde(default = "default_clip")]
+    pub grad_clip: f64,
+    #[serde(default)]
+    pub backend: Backend,
+    /// Cap on children per spawn the grammar allows (as in rollout).
+    #[serde(default = "children")]
+    pub max_children: usize,
+}
+
+fn default_loss() -> Loss {
+    Loss::Cispo { lo: 0.0, hi: 5.0 }
+}
+fn default_lr() -> f64 {
+    5e-4
+}
+fn one() -> usize {
+    1
+}
+fn temp() -> f64 {
+    1.0
+}
+fn default_clip() -> f64 {
+    1.0
+}
+fn children() -> usize {
+    8
+}
+
+pub struct Update;
+
+impl TypedStage for Update {
+    type Params = UpdateParams;
+    const NAME: &'static str = "update";
+    const VERSION: u32 = 1;
+    const DESCRIBE: &'static str = "policy-gradient step (CISPO / REINFORCE / PPO-clip) on weighted trees; checkpoint k → k+1";
+    const INPUTS: &'static [InputDecl] = &[
+        InputDecl { name: "checkpoint", required: true },
+        InputDecl { name: "trees", required: true },
+        InputDecl { name: "tasks", required: true },
+    ];
+    const OUTPUTS: &'static [&'static str] = &["checkpoint"];
+
+    fn run(ctx: StageContext, p: UpdateParams) -> BoxFuture<'static, anyhow::Result<()>> {
+        Box::pin(async move {
+            let (world, _) = load_tasks(&ctx, "tasks").await?;
+            let mut policy = load_policy(&ctx, "checkpoint", p.backend).await?;
+            policy.optim.clip_norm = p.grad_clip;
+            let nodes = read_trees(&ctx, "trees").await?;
+            let grammar = TextCraftGrammar::new(&world, p.max_children);
+            let mut seqs: Vec<_> = nodes
+                .iter()
+                .filter_map(|n| n.advantage.filter(|a| a.is_finite()).map(|a| node_sequence(n, &world.vocab, a as f32)))
+                .filter(|s| s.generated.iter().any(|g| *g))
+                .collect();
+            // Trees regrouped for the iteration's metrics.
+            let mut trees: std::collections::BTreeMap<(String, i32), Vec<rao_core::NodeRecord>> = Default::default();
+            for n in &nodes {
+                trees.entry((n.task_id.clone(), n.group)).or_default().push(n.clone());
+            }
+            let trees: Vec<Vec<rao_core::NodeRecord>> = trees.into_values().map(|mut t| {
+                t.sort_by_key(|n| n.node_id);
+                t
+            }).collect();
+            for (k, v) in tree_metrics(&trees) {
+                ctx.set_metric(k, v);
+            }
+            ctx.set_metric("retry_rate", retry_rate(&nodes));
+            ctx.set_metric("sequences", seqs.len() as f64);
+            if seqs.is_empty() {
+                // Every group was dropped (no signal): the policy carries over unchanged.
+                ctx.set_metric("skipped", 1.0);
+            } else {
+                let mut rng = Rng::new(ctx.seed);
+                let mb = if p.minibatch == 0 { seqs.len() } else { p.minibatch };
+                let mut last = Default::default();
+                for _ in 0..p.steps {
+                    rng.shuffle(&mut seqs);
+                    for chunk in seqs.chunks(mb) {
+                        last = policy.train_step(chunk, &grammar, p.loss, p.lr, p.temperature);
+                    }
+                }
+                let m: rao_policy::StepMetrics = last;
+                ctx.set_metric("loss", m.loss);
+                ctx.set_metric("mean_abs_ratio_minus_1", m.mean_abs_ratio_minus_1);
+                ctx.set_metric("clip_fraction", m.clip_fraction);
+                ctx.set_metric("grad_norm", m.grad_norm);
+                ctx.set_metric("tokens", m.tokens as f64);
+            }
+            policy.version += 1;
+            ctx.set_metric("policy_version", policy.version as f64);
+            write_checkpoint(&ctx, "checkpoint", &policy.checkpoint())
+        })
+    }
+}

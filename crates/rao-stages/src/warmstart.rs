@@ -1,0 +1,193 @@
+//! `warmstart`: supervised next-token training on the scripted expert's demonstrations (a mix of
+//! flat and recursive behaviour with noise) until the policy copies item names reliably: a gate
+//! checks node success on held-out shallow tasks before RL may start.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use rao_agent::{RunMeta, ScriptedExpert};
+use rao_envs::rng::Rng;
+use rao_envs::textcraft::grammar::TextCraftGrammar;
+use rao_envs::textcraft::{ExpertConfig, World};
+use rao_pipeline::{InputDecl, StageContext, TypedStage};
+use rao_policy::{Backend, Loss, ModelConfig, Policy};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::neural::{NeuralPolicy, write_checkpoint};
+use crate::rollout::{LimitParams, Mode, rollout_trees, tree_metrics};
+use crate::tasks_io::load_tasks;
+use crate::training::node_sequence;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DemoParams {
+    /// Recursive demonstration trees per task.
+    #[serde(default = "two")]
+    pub recursive_trees: usize,
+    /// Flat demonstration trees per task.
+    #[serde(default = "one")]
+    pub flat_trees: usize,
+    /// Probability that a recursive node delegates (the strategy the warm start imitates).
+    #[serde(default = "half")]
+    pub delegate: f64,
+    /// Probability of a useless action at each step.
+    #[serde(default = "tenth")]
+    pub noise: f64,
+}
+
+impl Default for DemoParams {
+    fn default() -> Self {
+        DemoParams { recursive_trees: 2, flat_trees: 1, delegate: 0.5, noise: 0.1 }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GateParams {
+    /// Node success the policy must reach on held-out shallow tasks.
+    #[serde(default = "gate")]
+    pub min_node_success: f64,
+    /// Fail the stage if the gate is not reached (else only record it).
+    #[serde(default = "yes")]
+    pub required: bool,
+}
+
+impl Default for GateParams {
+    fn default() -> Self {
+        GateParams { min_node_success: 0.9, required: true }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WarmstartParams {
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub backend: Backend,
+    #[serde(default)]
+    pub demos: DemoParams,
+    #[serde(default)]
+    pub limits: LimitParams,
+    #[serde(default = "lr")]
+    pub lr: f64,
+    /// Sequences per step.
+    #[serde(default = "batch")]
+    pub batch: usize,
+    #[serde(default = "max_steps")]
+    pub max_steps: usize,
+    /// Check the gate every this many steps (and stop once it passes).
+    #[serde(default = "every")]
+    pub eval_every: usize,
+    #[serde(default)]
+    pub gate: GateParams,
+}
+
+fn one() -> usize {
+    1
+}
+fn two() -> usize {
+    2
+}
+fn half() -> f64 {
+    0.5
+}
+fn tenth() -> f64 {
+    0.1
+}
+fn gate() -> f64 {
+    0.9
+}
+fn yes() -> bool {
+    true
+}
+fn lr() -> f64 {
+    2e-3
+}
+fn batch() -> usize {
+    64
+}
+fn max_steps() -> usize {
+    3000
+}
+fn every() -> usize {
+    250
+}
+
+/// Recursive rollout of the learned policy on `tasks`: (node success, root success).
+pub async fn gate_check(world: &Arc<World>, tasks: &[rao_envs::textcraft::Task], policy: Arc<Policy>, limits: &LimitParams, seed: u64) -> (f64, f64) {
+    let neural = Arc::new(NeuralPolicy { policy, grammar: Arc::new(TextCraftGrammar::new(world, limits.max_children as usize)), world: world.clone(), temperature: 1.0 });
+    let trees = rollout_trees(world, tasks, neural, Mode::Recursive, 1, limits.limits(Mode::Recursive), RunMeta::default(), seed).await;
+    let m: std::collections::BTreeMap<_, _> = tree_metrics(&trees).into_iter().collect();
+    (m["node_success"], m["root_success"])
+}
+
+pub struct Warmstart;
+
+impl TypedStage for Warmstart {
+    type Params = WarmstartParams;
+    const NAME: &'static str = "warmstart";
+    const VERSION: u32 = 1;
+    const DESCRIBE: &'static str = "supervised warm start on noisy expert demonstrations, gated on held-out node success";
+    const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "gate_tasks", required: true }];
+    const OUTPUTS: &'static [&'static str] = &["checkpoint"];
+
+    fn run(ctx: StageContext, p: WarmstartParams) -> BoxFuture<'static, anyhow::Result<()>> {
+        Box::pin(async move {
+            let (world, tasks) = load_tasks(&ctx, "tasks").await?;
+            let (_, gate_tasks) = load_tasks(&ctx, "gate_tasks").await?;
+            let expert = Arc::new(ScriptedExpert {
+                world: world.clone(),
+                config: ExpertConfig { max_depth: p.limits.max_depth, delegate: p.demos.delegate, noise: p.demos.noise, seed: ctx.seed },
+            });
+            let mut seqs = Vec::new();
+            for (mode, g) in [(Mode::Recursive, p.demos.recursive_trees), (Mode::Flat, p.demos.flat_trees)] {
+                if g == 0 {
+                    continue;
+                }
+                let trees = rollout_trees(&world, &tasks, expert.clone(), mode, g, p.limits.limits(mode), RunMeta::default(), ctx.seed).await;
+                seqs.extend(trees.iter().flatten().map(|n| node_sequence(n, &world.vocab, 1.0)).filter(|s| s.generated.iter().any(|g| *g)));
+            }
+            anyhow::ensure!(!seqs.is_empty(), "the expert produced no demonstrations");
+            ctx.set_metric("demo_sequences", seqs.len() as f64);
+            let cfg = ModelConfig { vocab: world.vocab.len(), ..p.model.clone() };
+            let mut policy = Policy::new(cfg, p.backend, ctx.seed)?;
+            ctx.set_metric("params", policy.model.num_params() as f64);
+            let grammar = TextCraftGrammar::new(&world, p.limits.max_children as usize);
+            let mut rng = Rng::new(ctx.seed ^ 0x5EED);
+            #[allow(unused_assignments)]
+            let (mut step, mut node_success, mut root_success, mut loss) = (0usize, 0.0, 0.0, f64::NAN);
+            let log = ctx.scratch.join("warmstart.log");
+            std::fs::create_dir_all(&ctx.scratch)?;
+            let mut lines = String::new();
+            'train: loop {
+                rng.shuffle(&mut seqs);
+                for chunk in seqs.chunks(p.batch.max(1)) {
+                    loss = policy.train_step(chunk, &grammar, Loss::Supervised, p.lr, 1.0).loss;
+                    step += 1;
+                    if step % p.eval_every.max(1) == 0 || step >= p.max_steps {
+                        let snapshot = Arc::new(Policy::from_checkpoint(&policy.checkpoint(), p.backend)?);
+                        (node_success, root_success) = gate_check(&world, &gate_tasks, snapshot, &p.limits, ctx.seed).await;
+                        lines.push_str(&format!("step {step} loss {loss:.4} gate node_success {node_success:.3} root_success {root_success:.3}\n"));
+                        std::fs::write(&log, &lines)?;
+                        if node_success >= p.gate.min_node_success || step >= p.max_steps {
+                            break 'train;
+                        }
+                    }
+                }
+            }
+            ctx.set_metric("steps", step as f64);
+            ctx.set_metric("loss", loss);
+            ctx.set_metric("gate_node_success", node_success);
+            ctx.set_metric("gate_root_success", root_success);
+            ctx.write_output("checkpoint", "warmstart.log", lines.as_bytes())?;
+            if p.gate.required && node_success < p.gate.min_node_success {
+                anyhow::bail!(
+                    "warm start reached node success {node_success:.3} < gate {} after {step} steps: raise max_steps or the model size\n{lines}",
+                    p.gate.min_node_success
+                );
+            }
+            write_checkpoint(&ctx, "checkpoint", &policy.checkpoint())
+        })
+    }
+}
