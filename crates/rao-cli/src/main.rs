@@ -116,6 +116,14 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         limit: usize,
     },
+    /// Print the evaluation summary of a pipeline's latest run (or --run ID).
+    Report {
+        #[command(flatten)]
+        p: PipelineArgs,
+        /// A run id from `runs/PIPELINE/` in the store (default: the latest run).
+        #[arg(long)]
+        run: Option<String>,
+    },
     /// Print the JSON Schema of pipeline files.
     Schema,
 }
@@ -206,6 +214,32 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let nodes = rao_core::parquet_io::nodes_from_parquet(bytes)?;
             print!("{}", rao_stages::inspect::render(&nodes, task.as_deref(), group, limit));
+        }
+        Command::Report { p, run } => {
+            let (c, store) = load(&p, &registry)?;
+            let key = format!("runs/{}/{}.json", c.name, run.as_deref().unwrap_or("latest"));
+            let record: serde_json::Value = store.get_json(&key).await?.ok_or_else(|| anyhow::anyhow!("no run record `{key}` in {}: run the pipeline first", store.url()))?;
+            let mut rows = Vec::new();
+            let mut reports = Vec::new();
+            for inst in record["instances"].as_array().into_iter().flatten() {
+                if inst["kind"] != "evaluate" {
+                    continue;
+                }
+                let Some(fp) = inst["fingerprint"].as_str() else { continue };
+                let prefix = rao_pipeline::store::output_prefix(fp, "report");
+                match store.get_json::<Vec<rao_stages::evaluate::EvalRow>>(&format!("{prefix}/summary.json")).await? {
+                    Some(r) => rows.extend(r),
+                    None => eprintln!("{}: not finished in this run", inst["name"].as_str().unwrap_or("?")),
+                }
+                if let Some(path) = store.local_path(&format!("{prefix}/report.html")) {
+                    reports.push(path);
+                }
+            }
+            print!("{}", rao_stages::evaluate::table(&rows));
+            println!("run {} ({}), status {}", record["run_id"].as_str().unwrap_or("?"), record["pipeline"].as_str().unwrap_or("?"), record["status"].as_str().unwrap_or("?"));
+            for r in reports {
+                println!("report: {}", r.display());
+            }
         }
         Command::Schema => print!("{}", rao_pipeline::schema::pipeline_schema_text(&registry)),
     }

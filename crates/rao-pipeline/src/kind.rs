@@ -264,3 +264,10 @@ impl<T: TypedStage> StageKind for Typed<T> {
         }
     }
 }
+
+impl StageContext {
+    /// The metrics recorded so far.
+    pub fn metrics_snapshot(&self) -> BTreeMap<String, f64> {
+        self.metrics.lock().unwrap().clone()
+    }
+}

@@ -18,6 +18,7 @@ pub fn registry() -> Registry {
     r.register(Arc::new(Typed::<judge::Judge>::default()));
     r.register(Arc::new(Typed::<advantage::Advantage>::default()));
     r.register(Arc::new(Typed::<update::Update>::default()));
+    r.register(Arc::new(Typed::<evaluate::Evaluate>::default()));
     r
 }
 pub mod neural;
@@ -27,3 +28,5 @@ pub mod llm_judge;
 pub mod training;
 pub mod update;
 pub mod warmstart;
+pub mod evaluate;
+pub mod report;

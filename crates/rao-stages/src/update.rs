@@ -58,6 +58,9 @@ fn children() -> usize {
     8
 }
 
+/// Per-iteration training metrics, carried from checkpoint to checkpoint.
+pub const HISTORY_FILE: &str = "history.json";
+
 pub struct Update;
 
 impl TypedStage for Update {
@@ -120,6 +123,17 @@ impl TypedStage for Update {
             }
             policy.version += 1;
             ctx.set_metric("policy_version", policy.version as f64);
+            // The learning curve travels with the checkpoint: previous iterations plus this one.
+            let prev = ctx.input("checkpoint")?[0].clone();
+            let mut history: Vec<std::collections::BTreeMap<String, f64>> = match ctx.read_input_file(&prev, HISTORY_FILE).await {
+                Ok(b) => serde_json::from_slice(&b)?,
+                Err(_) => Vec::new(),
+            };
+            let mut row = ctx.metrics_snapshot();
+            let r: Vec<f64> = nodes.iter().filter(|n| n.parent_id.is_none()).filter_map(|n| n.local_reward).collect();
+            row.insert("mean_root_reward".into(), r.iter().sum::<f64>() / r.len().max(1) as f64);
+            history.push(row);
+            ctx.write_output("checkpoint", HISTORY_FILE, serde_json::to_string_pretty(&history)?.as_bytes())?;
             write_checkpoint(&ctx, "checkpoint", &policy.checkpoint())
         })
     }

@@ -10,7 +10,7 @@ use rao_envs::rng::Rng;
 use rao_envs::textcraft::grammar::TextCraftGrammar;
 use rao_envs::textcraft::{ExpertConfig, World};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
-use rao_policy::{Backend, Loss, ModelConfig, Policy};
+use rao_policy::{Backend, Loss, ModelConfig, Policy, Sequence};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -34,11 +34,15 @@ pub struct DemoParams {
     /// Probability of a useless action at each step.
     #[serde(default = "tenth")]
     pub noise: f64,
+    /// Rename items at random (consistently within each sequence) every time a demonstration is
+    /// used, so the policy learns to read and copy names rather than memorise them.
+    #[serde(default = "yes")]
+    pub rename_items: bool,
 }
 
 impl Default for DemoParams {
     fn default() -> Self {
-        DemoParams { recursive_trees: 2, flat_trees: 1, delegate: 0.5, noise: 0.1 }
+        DemoParams { recursive_trees: 2, flat_trees: 1, delegate: 0.5, noise: 0.1, rename_items: true }
     }
 }
 
@@ -122,6 +126,14 @@ pub async fn gate_check(world: &Arc<World>, tasks: &[rao_envs::textcraft::Task],
     (m["node_success"], m["root_success"])
 }
 
+/// A demonstration with its items renamed (names keep their token counts, so masks still line up).
+fn renamed(world: &World, s: &Sequence, rng: &mut Rng) -> Sequence {
+    let map = world.random_renaming(rng);
+    let tokens = world.rename_tokens(&s.tokens, &map);
+    debug_assert_eq!(tokens.len(), s.tokens.len());
+    Sequence { tokens, ..s.clone() }
+}
+
 pub struct Warmstart;
 
 impl TypedStage for Warmstart {
@@ -163,7 +175,12 @@ impl TypedStage for Warmstart {
             'train: loop {
                 rng.shuffle(&mut seqs);
                 for chunk in seqs.chunks(p.batch.max(1)) {
-                    loss = policy.train_step(chunk, &grammar, Loss::Supervised, p.lr, 1.0).loss;
+                    let batch: Vec<Sequence> = if p.demos.rename_items {
+                        chunk.iter().map(|s| renamed(&world, s, &mut rng)).collect()
+                    } else {
+                        chunk.to_vec()
+                    };
+                    loss = policy.train_step(&batch, &grammar, Loss::Supervised, p.lr, 1.0).loss;
                     step += 1;
                     if step % p.eval_every.max(1) == 0 || step >= p.max_steps {
                         let snapshot = Arc::new(Policy::from_checkpoint(&policy.checkpoint(), p.backend)?);

@@ -1,0 +1,224 @@
+//! `evaluate`: success on held-out tasks of every band, for the recursive agent and a flat
+//! baseline, with confidence intervals, tree shape, cost and wall-clock; metrics to Parquet and a
+//! self-contained HTML report with SVG plots.
+
+use std::collections::BTreeMap;
+
+use futures::future::BoxFuture;
+use rao_core::NodeRecord;
+use rao_core::parquet_io::{Column, table_to_parquet};
+use rao_envs::textcraft::Band;
+use rao_pipeline::{InputDecl, StageContext, TypedStage};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::rollout::{ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, make_policy, rollout_trees};
+use crate::tasks_io::load_tasks;
+use crate::training::write_trees;
+use crate::update::HISTORY_FILE;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluateParams {
+    #[serde(default = "checkpoint")]
+    pub policy: PolicyKind,
+    /// Modes to evaluate the policy in.
+    #[serde(default = "modes")]
+    pub modes: Vec<Mode>,
+    #[serde(default)]
+    pub limits: LimitParams,
+    /// Sampling temperature (0 = greedy).
+    #[serde(default = "one")]
+    pub temperature: f64,
+    /// Attempts per task.
+    #[serde(default = "one_usize")]
+    pub group_size: usize,
+    #[serde(default)]
+    pub backend: rao_policy::Backend,
+    /// A label for this evaluation in reports (e.g. `recursive` or `flat-baseline`).
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+fn checkpoint() -> PolicyKind {
+    PolicyKind::Checkpoint
+}
+fn modes() -> Vec<Mode> {
+    vec![Mode::Recursive, Mode::Flat]
+}
+fn one() -> f64 {
+    1.0
+}
+fn one_usize() -> usize {
+    1
+}
+
+/// One row of the evaluation table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvalRow {
+    pub label: String,
+    pub mode: String,
+    pub band: String,
+    pub tasks: usize,
+    pub success: f64,
+    pub ci_low: f64,
+    pub ci_high: f64,
+    pub mean_depth: f64,
+    pub mean_nodes: f64,
+    pub steps_per_task: f64,
+    pub tokens_per_task: f64,
+    pub overflow_rate: f64,
+    pub seconds_per_task: f64,
+}
+
+/// 95% Wilson score interval.
+pub fn wilson(successes: usize, n: usize) -> (f64, f64) {
+    if n == 0 {
+        return (0.0, 0.0);
+    }
+    let (p, n, z) = (successes as f64 / n as f64, n as f64, 1.96f64);
+    let denom = 1.0 + z * z / n;
+    let centre = (p + z * z / (2.0 * n)) / denom;
+    let half = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / denom;
+    ((centre - half).max(0.0), (centre + half).min(1.0))
+}
+
+pub fn summarize(label: &str, mode: &str, band: &str, trees: &[&Vec<NodeRecord>]) -> EvalRow {
+    let n = trees.len();
+    let ok = trees.iter().filter(|t| t[0].score >= 1.0).count();
+    let (lo, hi) = wilson(ok, n);
+    let nf = n.max(1) as f64;
+    let sum = |f: &dyn Fn(&Vec<NodeRecord>) -> f64| trees.iter().map(|t| f(t)).sum::<f64>() / nf;
+    EvalRow {
+        label: label.into(),
+        mode: mode.into(),
+        band: band.into(),
+        tasks: n,
+        success: ok as f64 / nf,
+        ci_low: lo,
+        ci_high: hi,
+        mean_depth: sum(&|t| t.iter().map(|x| x.depth).max().unwrap_or(0) as f64),
+        mean_nodes: sum(&|t| t.len() as f64),
+        steps_per_task: sum(&|t| t.iter().map(|x| x.steps as f64).sum()),
+        tokens_per_task: sum(&|t| t.iter().map(|x| x.context_tokens as f64).sum()),
+        overflow_rate: sum(&|t| t.iter().filter(|x| x.status == "context_overflow").count() as f64 / t.len() as f64),
+        seconds_per_task: sum(&|t| {
+            let start = t.iter().map(|x| x.started_ms).fold(f64::MAX, f64::min);
+            let end = t.iter().map(|x| x.finished_ms).fold(f64::MIN, f64::max);
+            (end - start) / 1000.0
+        }),
+    }
+}
+
+pub struct Evaluate;
+
+impl TypedStage for Evaluate {
+    type Params = EvaluateParams;
+    const NAME: &'static str = "evaluate";
+    const VERSION: u32 = 1;
+    const DESCRIBE: &'static str = "held-out success per band (with 95% CI), tree shape, cost and wall-clock; Parquet + HTML report";
+    const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "checkpoint", required: false }];
+    const OUTPUTS: &'static [&'static str] = &["report"];
+
+    fn run(ctx: StageContext, p: EvaluateParams) -> BoxFuture<'static, anyhow::Result<()>> {
+        Box::pin(async move {
+            let (world, tasks) = load_tasks(&ctx, "tasks").await?;
+            let label = p.label.clone().unwrap_or_else(|| ctx.pipeline.clone());
+            let rp = RolloutParams {
+                policy: p.policy,
+                mode: Mode::Recursive,
+                group_size: p.group_size,
+                limits: p.limits.clone(),
+                expert: ExpertParams::default(),
+                temperature: p.temperature,
+                backend: p.backend,
+                iteration: 0,
+            };
+            let policy = make_policy(&ctx, &world, &rp).await?;
+            let mut rows = Vec::new();
+            let mut all_nodes = Vec::new();
+            let mut depth_hist: BTreeMap<String, BTreeMap<i32, usize>> = BTreeMap::new();
+            for &mode in &p.modes {
+                let mode_name = if mode == Mode::Recursive { "recursive" } else { "flat" };
+                let trees = rollout_trees(&world, &tasks, policy.clone(), mode, p.group_size, p.limits.limits(mode), Default::default(), ctx.seed).await;
+                for band in Band::ALL {
+                    let mine: Vec<&Vec<NodeRecord>> = trees
+                        .iter()
+                        .filter(|t| tasks.iter().find(|x| x.id == t[0].task_id).is_some_and(|x| x.band == Some(band)))
+                        .collect();
+                    if mine.is_empty() {
+                        continue;
+                    }
+                    for t in &mine {
+                        let d = t.iter().map(|x| x.depth).max().unwrap_or(0);
+                        *depth_hist.entry(mode_name.to_string()).or_default().entry(d).or_default() += 1;
+                    }
+                    let row = summarize(&label, mode_name, band.name(), &mine);
+                    ctx.set_metric(&format!("{mode_name}_{}_success", band.name()), row.success);
+                    rows.push(row);
+                }
+                all_nodes.extend(trees.into_iter().flatten());
+            }
+            let history: Vec<BTreeMap<String, f64>> = match ctx.inputs.get("checkpoint").and_then(|v| v.first()) {
+                Some(a) => match ctx.read_input_file(a, HISTORY_FILE).await {
+                    Ok(b) => serde_json::from_slice(&b)?,
+                    Err(_) => vec![],
+                },
+                None => vec![],
+            };
+            write_trees(&ctx, "report", &all_nodes)?;
+            ctx.write_output("report", "metrics.parquet", &rows_to_parquet(&rows)?)?;
+            ctx.write_output("report", "summary.json", serde_json::to_string_pretty(&rows)?.as_bytes())?;
+            ctx.write_output("report", "history.json", serde_json::to_string_pretty(&history)?.as_bytes())?;
+            ctx.write_output("report", "report.html", crate::report::html(&label, &rows, &history, &depth_hist).as_bytes())?;
+            Ok(())
+        })
+    }
+}
+
+fn rows_to_parquet(rows: &[EvalRow]) -> anyhow::Result<bytes::Bytes> {
+    let s = |f: &dyn Fn(&EvalRow) -> String| Column::Str(rows.iter().map(f).collect());
+    let f = |f: &dyn Fn(&EvalRow) -> f64| Column::F64(rows.iter().map(f).collect());
+    Ok(table_to_parquet(vec![
+        ("label", s(&|r| r.label.clone())),
+        ("mode", s(&|r| r.mode.clone())),
+        ("band", s(&|r| r.band.clone())),
+        ("tasks", Column::I64(rows.iter().map(|r| r.tasks as i64).collect())),
+        ("success", f(&|r| r.success)),
+        ("ci_low", f(&|r| r.ci_low)),
+        ("ci_high", f(&|r| r.ci_high)),
+        ("mean_depth", f(&|r| r.mean_depth)),
+        ("mean_nodes", f(&|r| r.mean_nodes)),
+        ("steps_per_task", f(&|r| r.steps_per_task)),
+        ("tokens_per_task", f(&|r| r.tokens_per_task)),
+        ("overflow_rate", f(&|r| r.overflow_rate)),
+        ("seconds_per_task", f(&|r| r.seconds_per_task)),
+    ])?)
+}
+
+/// The summary table as text (for `rao report`).
+pub fn table(rows: &[EvalRow]) -> String {
+    let mut s = format!(
+        "{:<18} {:<10} {:<8} {:>5} {:>8} {:>15} {:>6} {:>6} {:>7} {:>8} {:>8} {:>8}\n",
+        "label", "mode", "band", "tasks", "success", "95% CI", "depth", "nodes", "steps", "tokens", "overflow", "s/task"
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "{:<18} {:<10} {:<8} {:>5} {:>8.2} {:>15} {:>6.2} {:>6.1} {:>7.1} {:>8.0} {:>8.2} {:>8.4}\n",
+            r.label,
+            r.mode,
+            r.band,
+            r.tasks,
+            r.success,
+            format!("[{:.2}, {:.2}]", r.ci_low, r.ci_high),
+            r.mean_depth,
+            r.mean_nodes,
+            r.steps_per_task,
+            r.tokens_per_task,
+            r.overflow_rate,
+            r.seconds_per_task
+        ));
+    }
+    s
+}
+
