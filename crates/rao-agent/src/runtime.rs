@@ -99,7 +99,15 @@ pub async fn run_trees(batcher: &Batcher, trees: Vec<TreeSpec>, limits: Limits, 
         .enumerate()
         .map(|(idx, spec)| {
             let limits = if spec.recursive { limits } else { Limits { max_depth: 0, max_children: 0, max_nodes: 1, ..limits } };
-            Arc::new(TreeCtx { idx, spec, limits, meta: meta.clone(), version, nodes: Mutex::new(Vec::new()), node_count: AtomicU32::new(1) })
+            Arc::new(TreeCtx {
+                idx,
+                spec,
+                limits,
+                meta: meta.clone(),
+                version,
+                nodes: Mutex::new(Vec::new()),
+                node_count: AtomicU32::new(1),
+            })
         })
         .collect();
     batcher.activate(ctxs.len());
@@ -162,12 +170,21 @@ fn run_node(
                 end_status = Some(status::STEP_BUDGET);
                 break;
             }
-            let req = Request { context: context.clone(), max_new_tokens: limits.window - context.len(), seed: request_seed(tree.spec.seed, &path, steps) };
+            let req = Request {
+                context: context.clone(),
+                max_new_tokens: limits.window - context.len(),
+                seed: request_seed(tree.spec.seed, &path, steps),
+            };
             let (resp, ticket) = b.request((tree.idx, path.clone()), req).await;
             b.wait_turn(ticket).await;
             steps += 1;
             context.extend(&resp.tokens);
-            let mut turn = Turn { completion_ids: resp.tokens.clone(), logprobs: resp.logprobs.clone(), action: vocab.text(&resp.tokens), ..Default::default() };
+            let mut turn = Turn {
+                completion_ids: resp.tokens.clone(),
+                logprobs: resp.logprobs.clone(),
+                action: vocab.text(&resp.tokens),
+                ..Default::default()
+            };
             if resp.tokens.last() != Some(&EOS) {
                 // The action did not fit in the window.
                 turns.push(turn);
@@ -218,7 +235,15 @@ fn run_node(
                                 .map(|(i, g)| {
                                     let mut child_path = path.clone();
                                     child_path.push(children_launched + i as u32);
-                                    tokio::spawn(run_node(b.clone(), tree.clone(), child_path, depth + 1, g, Some(steps as i32 - 1), Some(left.clone())))
+                                    tokio::spawn(run_node(
+                                        b.clone(),
+                                        tree.clone(),
+                                        child_path,
+                                        depth + 1,
+                                        g,
+                                        Some(steps as i32 - 1),
+                                        Some(left.clone()),
+                                    ))
                                 })
                                 .collect();
                             children_launched += k as u32;

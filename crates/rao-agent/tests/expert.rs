@@ -13,7 +13,16 @@ async fn small_world_expert_table() {
                 let tasks = textcraft::synthesize(&world, band, 30, true, 7);
                 let policy = Arc::new(ScriptedExpert { world: world.clone(), config: ExpertConfig::default() });
                 let b = Batcher::start(policy);
-                let trees = tasks.iter().map(|t| TreeSpec { episode: Arc::new(TextCraftEpisode::new(world.clone(), t.clone())), task_id: t.id.clone(), group: 0, recursive, seed: 1 }).collect();
+                let trees = tasks
+                    .iter()
+                    .map(|t| TreeSpec {
+                        episode: Arc::new(TextCraftEpisode::new(world.clone(), t.clone())),
+                        task_id: t.id.clone(),
+                        group: 0,
+                        recursive,
+                        seed: 1,
+                    })
+                    .collect();
                 let limits = if recursive { Limits::recursive(window) } else { Limits::flat(window) };
                 let out = run_trees(&b, trees, limits, RunMeta::default()).await;
                 b.close();

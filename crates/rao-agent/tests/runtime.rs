@@ -13,13 +13,26 @@ fn world() -> Arc<World> {
     Arc::new(textcraft::generate(&SynthConfig::small(), 4))
 }
 
-async fn run(world: &Arc<World>, policy: Arc<dyn Policy>, band: Band, n: usize, recursive: bool, limits: Limits) -> (Vec<Vec<NodeRecord>>, Vec<usize>) {
+async fn run(
+    world: &Arc<World>,
+    policy: Arc<dyn Policy>,
+    band: Band,
+    n: usize,
+    recursive: bool,
+    limits: Limits,
+) -> (Vec<Vec<NodeRecord>>, Vec<usize>) {
     let tasks = textcraft::synthesize(world, band, n, true, 5);
     let b = Batcher::start(policy);
     let trees = tasks
         .iter()
         .enumerate()
-        .map(|(i, t)| TreeSpec { episode: Arc::new(TextCraftEpisode::new(world.clone(), t.clone())), task_id: t.id.clone(), group: i as i32, recursive, seed: 100 + i as u64 })
+        .map(|(i, t)| TreeSpec {
+            episode: Arc::new(TextCraftEpisode::new(world.clone(), t.clone())),
+            task_id: t.id.clone(),
+            group: i as i32,
+            recursive,
+            seed: 100 + i as u64,
+        })
         .collect();
     let out = run_trees(&b, trees, limits, RunMeta { run: "test".into(), iteration: 0, env: "textcraft".into() }).await;
     b.close();
@@ -57,7 +70,8 @@ async fn caps_refuse_launches_as_observations() {
             let kids = t.iter().filter(|c| c.parent_id == Some(n.node_id)).count();
             assert!(kids <= 6, "max_children holds");
         }
-        let refusals: Vec<&str> = t.iter().flat_map(|n| n.turns.iter().map(|x| x.observation.as_str())).filter(|o| o.starts_with("<obs> err")).collect();
+        let refusals: Vec<&str> =
+            t.iter().flat_map(|n| n.turns.iter().map(|x| x.observation.as_str())).filter(|o| o.starts_with("<obs> err")).collect();
         assert!(refusals.contains(&"<obs> err depth"));
         assert!(refusals.iter().any(|r| *r == "<obs> err children" || *r == "<obs> err nodes"));
         assert!(t.iter().all(|n| n.steps <= 4), "step budget holds");
@@ -89,7 +103,12 @@ async fn siblings_overlap_in_time_and_share_the_inventory() {
         for a in t {
             for b in t {
                 if a.node_id < b.node_id && a.parent_id.is_some() && a.parent_id == b.parent_id {
-                    assert!(a.started_ms <= b.finished_ms && b.started_ms <= a.finished_ms, "siblings {} and {} did not overlap", a.goal, b.goal);
+                    assert!(
+                        a.started_ms <= b.finished_ms && b.started_ms <= a.finished_ms,
+                        "siblings {} and {} did not overlap",
+                        a.goal,
+                        b.goal
+                    );
                     overlapping += 1;
                 }
             }
@@ -114,7 +133,18 @@ async fn policy_calls_are_batched_across_all_live_nodes() {
 }
 
 fn strip_timing(trees: Vec<Vec<NodeRecord>>) -> Vec<Vec<NodeRecord>> {
-    trees.into_iter().map(|t| t.into_iter().map(|mut n| { n.started_ms = 0.0; n.finished_ms = 0.0; n }).collect()).collect()
+    trees
+        .into_iter()
+        .map(|t| {
+            t.into_iter()
+                .map(|mut n| {
+                    n.started_ms = 0.0;
+                    n.finished_ms = 0.0;
+                    n
+                })
+                .collect()
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -180,8 +180,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let (c, store) = load(&p, &registry)?;
             let reporter = if json { Reporter::json() } else { Reporter::auto() };
             let exec: Arc<dyn rao_pipeline::Executor> = match executor {
-                ExecutorKind::InProcess => Arc::new(rao_pipeline::InProcess { registry: Arc::new(registry.clone()), store: store.clone(), reporter: reporter.clone() }),
-                ExecutorKind::Process => Arc::new(rao_pipeline::LocalProcess { exe: std::env::current_exe()?, store: store.clone(), reporter: reporter.clone() }),
+                ExecutorKind::InProcess => Arc::new(rao_pipeline::InProcess {
+                    registry: Arc::new(registry.clone()),
+                    store: store.clone(),
+                    reporter: reporter.clone(),
+                }),
+                ExecutorKind::Process => {
+                    Arc::new(rao_pipeline::LocalProcess { exe: std::env::current_exe()?, store: store.clone(), reporter: reporter.clone() })
+                }
             };
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
             let opts = RunOptions { jobs, gpus, force, from, only, reporter, handle_ctrl_c: true };
@@ -218,7 +224,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Report { p, run } => {
             let (c, store) = load(&p, &registry)?;
             let key = format!("runs/{}/{}.json", c.name, run.as_deref().unwrap_or("latest"));
-            let record: serde_json::Value = store.get_json(&key).await?.ok_or_else(|| anyhow::anyhow!("no run record `{key}` in {}: run the pipeline first", store.url()))?;
+            let record: serde_json::Value = store
+                .get_json(&key)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no run record `{key}` in {}: run the pipeline first", store.url()))?;
             let mut rows = Vec::new();
             let mut reports = Vec::new();
             for inst in record["instances"].as_array().into_iter().flatten() {
@@ -236,7 +245,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
             print!("{}", rao_stages::evaluate::table(&rows));
-            println!("run {} ({}), status {}", record["run_id"].as_str().unwrap_or("?"), record["pipeline"].as_str().unwrap_or("?"), record["status"].as_str().unwrap_or("?"));
+            println!(
+                "run {} ({}), status {}",
+                record["run_id"].as_str().unwrap_or("?"),
+                record["pipeline"].as_str().unwrap_or("?"),
+                record["status"].as_str().unwrap_or("?")
+            );
             for r in reports {
                 println!("report: {}", r.display());
             }

@@ -227,7 +227,8 @@ pub fn nodes_from_parquet(bytes: Bytes) -> IoResult<Vec<NodeRecord>> {
         let i = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_primitive::<Int32Type>().clone()) };
         let f = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_primitive::<Float64Type>().clone()) };
         let l = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_list::<i32>().clone()) };
-        let (run, env, task, goal, status, judge, result) = (s("run")?, s("env")?, s("task_id")?, s("goal")?, s("status")?, s("judge")?, s("result")?);
+        let (run, env, task, goal, status, judge, result) =
+            (s("run")?, s("env")?, s("task_id")?, s("goal")?, s("status")?, s("judge")?, s("result")?);
         let (iteration, group, node_id, parent, depth, child, spawn, version, steps, ctx, gen_) = (
             i("iteration")?,
             i("group")?,
@@ -241,7 +242,8 @@ pub fn nodes_from_parquet(bytes: Bytes) -> IoResult<Vec<NodeRecord>> {
             i("context_tokens")?,
             i("generated_tokens")?,
         );
-        let (score, lr, base, adv, dw, st, fin) = (f("score")?, f("local_reward")?, f("baseline")?, f("advantage")?, f("depth_weight")?, f("started_ms")?, f("finished_ms")?);
+        let (score, lr, base, adv, dw, st, fin) =
+            (f("score")?, f("local_reward")?, f("baseline")?, f("advantage")?, f("depth_weight")?, f("started_ms")?, f("finished_ms")?);
         let (goal_ids, prompt_ids, turns, counters) = (l("goal_ids")?, l("prompt_ids")?, l("turns")?, l("counters")?);
         let opt_i = |a: &arrow::array::Int32Array, r: usize| (!a.is_null(r)).then(|| a.value(r));
         let opt_f = |a: &arrow::array::Float64Array, r: usize| (!a.is_null(r)).then(|| a.value(r));

@@ -41,7 +41,7 @@ fn local_rewards_loo_baseline_and_depth_weights_by_hand() {
     }
     // Roots 1.2, 0, 1.4, 0 → leave-one-out baselines.
     close(nodes[0].baseline.unwrap(), 1.4 / 3.0);
-    close(nodes[3].baseline.unwrap(), 1.4 / 3.0, );
+    close(nodes[3].baseline.unwrap(), 1.4 / 3.0);
     close(nodes[4].baseline.unwrap(), 2.6 / 3.0);
     close(nodes[5].baseline.unwrap(), 1.2 / 3.0);
     // N_0 = 4, N_1 = 4, N_2 = 1 → α = 9 / 3 = 3, w = 0.75, 0.75, 3.

@@ -83,9 +83,24 @@ mod tests {
 
     #[test]
     fn same_seed_same_stream_and_streams_differ_by_purpose() {
-        let a: Vec<u64> = (0..5).map({ let mut r = Rng::derive(1, "x"); move |_| r.next_u64() }).collect();
-        let b: Vec<u64> = (0..5).map({ let mut r = Rng::derive(1, "x"); move |_| r.next_u64() }).collect();
-        let c: Vec<u64> = (0..5).map({ let mut r = Rng::derive(1, "y"); move |_| r.next_u64() }).collect();
+        let a: Vec<u64> = (0..5)
+            .map({
+                let mut r = Rng::derive(1, "x");
+                move |_| r.next_u64()
+            })
+            .collect();
+        let b: Vec<u64> = (0..5)
+            .map({
+                let mut r = Rng::derive(1, "x");
+                move |_| r.next_u64()
+            })
+            .collect();
+        let c: Vec<u64> = (0..5)
+            .map({
+                let mut r = Rng::derive(1, "y");
+                move |_| r.next_u64()
+            })
+            .collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
         // Pinned: a change here changes every generated world.

@@ -124,7 +124,14 @@ fn action_language_roundtrip_and_errors() {
     let w = Arc::new(textcraft::generate(&SynthConfig::small(), 2));
     let lang = Lang::new(&w);
     let item = w.targets(Band::Easy, false)[0];
-    for a in [Action::Info(item), Action::Craft(item, 1), Action::Craft(item, 12), Action::Inv, Action::Finish, Action::Spawn(vec![(item, 2), (item + 1, 1)])] {
+    for a in [
+        Action::Info(item),
+        Action::Craft(item, 1),
+        Action::Craft(item, 12),
+        Action::Inv,
+        Action::Finish,
+        Action::Spawn(vec![(item, 2), (item + 1, 1)]),
+    ] {
         assert_eq!(lang.parse(&lang.encode(&a)), Ok(a.clone()), "{a:?}");
     }
     let task = textcraft::synthesize(&w, Band::Easy, 1, false, 3).remove(0);
@@ -207,7 +214,14 @@ fn grammar_accepts_every_expert_action_and_only_well_formed_ones() {
         (0..toks.len()).all(|i| g.allowed(recursive, &toks[..i]).contains(&toks[i])) && g.allowed(recursive, toks).contains(&EOS)
     };
     let item = w.targets(Band::Medium, false)[0];
-    for a in [Action::Info(item), Action::Craft(item, 1), Action::Craft(item, 17), Action::Inv, Action::Finish, Action::Spawn(vec![(item, 2), (item + 1, 1)])] {
+    for a in [
+        Action::Info(item),
+        Action::Craft(item, 1),
+        Action::Craft(item, 17),
+        Action::Inv,
+        Action::Finish,
+        Action::Spawn(vec![(item, 2), (item + 1, 1)]),
+    ] {
         assert!(accepts(true, &lang.encode(&a)), "{a:?}");
     }
     assert!(!accepts(false, &lang.encode(&Action::Spawn(vec![(item, 1)]))), "no spawn in flat mode");

@@ -56,8 +56,7 @@ impl StageKind for Shell {
         let mut h = blake3::Hasher::new();
         for dep in &p.deps {
             let path = base_dir.join(dep);
-            let bytes = std::fs::read(&path)
-                .map_err(|e| format!("shell dependency `{dep}` ({}) cannot be read: {e}", path.display()))?;
+            let bytes = std::fs::read(&path).map_err(|e| format!("shell dependency `{dep}` ({}) cannot be read: {e}", path.display()))?;
             h.update(dep.as_bytes());
             h.update(blake3::hash(&bytes).as_bytes());
         }
@@ -105,14 +104,12 @@ async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
         // A timeout or Ctrl-C drops this future: the child must not outlive it.
         .kill_on_drop(true);
     let out = cmd.spawn()?.wait_with_output().await?;
-    let log = format!(
-        "$ {command}\n--- stdout\n{}--- stderr\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let log =
+        format!("$ {command}\n--- stdout\n{}--- stderr\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     std::fs::write(ctx.scratch.join("shell.log"), &log)?;
     if !out.status.success() {
-        let tail: String = String::from_utf8_lossy(&out.stderr).lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+        let tail: String =
+            String::from_utf8_lossy(&out.stderr).lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
         anyhow::bail!("command exited with {}: {}\n{}", out.status, p.command, tail);
     }
     Ok(())

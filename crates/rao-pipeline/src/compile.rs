@@ -69,10 +69,7 @@ impl LoopInfo {
     /// Where `var` comes from when iteration `k` (1-based) is the last.
     pub fn carry_sources(&self, var: &str, k: u32) -> Vec<Source> {
         let (stage, output) = &self.carry[var];
-        self.iterations[k as usize - 1][stage]
-            .iter()
-            .map(|&i| Source::Output { instance: i, output: output.clone() })
-            .collect()
+        self.iterations[k as usize - 1][stage].iter().map(|&i| Source::Output { instance: i, output: output.clone() }).collect()
     }
 
     /// The last iteration, given what is known of finished instances' metrics
@@ -175,13 +172,7 @@ pub fn load(path: &Path, overrides: &[String], registry: &Registry) -> Result<Co
 }
 
 /// Like [`load`], from text (`label` names it in errors).
-pub fn compile_str(
-    label: &str,
-    text: &str,
-    base_dir: &Path,
-    overrides: &[String],
-    registry: &Registry,
-) -> Result<Compiled, Diagnostics> {
+pub fn compile_str(label: &str, text: &str, base_dir: &Path, overrides: &[String], registry: &Registry) -> Result<Compiled, Diagnostics> {
     let fail = |items: Vec<Diagnostic>| Diagnostics { file: label.to_string(), source: text.to_string(), items };
     let mut spec: PipelineFile = serde_saphyr::from_str(text).map_err(|e| fail(vec![parse_error(&e)]))?;
     crate::overrides::apply(&mut spec, overrides).map_err(|d| fail(vec![d]))?;
@@ -216,10 +207,16 @@ fn parse_error(e: &serde_saphyr::Error) -> Diagnostic {
         let wrong = rest.split('`').next().unwrap_or("");
         let expected: Vec<&str> = rest
             .split_once("expected")
-            .map(|(_, e)| e.trim_start_matches(" one of").trim_start_matches(" a field").split(',').map(|x| x.trim().trim_matches('`')).filter(|x| !x.is_empty()).collect())
+            .map(|(_, e)| {
+                e.trim_start_matches(" one of")
+                    .trim_start_matches(" a field")
+                    .split(',')
+                    .map(|x| x.trim().trim_matches('`'))
+                    .filter(|x| !x.is_empty())
+                    .collect()
+            })
             .unwrap_or_default();
-        let hint = did_you_mean(wrong, expected.iter().copied())
-            .unwrap_or_else(|| format!("allowed keys here: {}", expected.join(", ")));
+        let hint = did_you_mean(wrong, expected.iter().copied()).unwrap_or_else(|| format!("allowed keys here: {}", expected.join(", ")));
         d = d.help(hint);
     } else if msg.contains("missing field") {
         d = d.help("add the missing key");
@@ -273,7 +270,11 @@ impl<'a> Checker<'a> {
         for (name, s) in spec.stages.iter() {
             for (n, p) in std::iter::once((name, s)).chain(s.stages.iter()) {
                 if let Some(first) = seen.insert(&n.value, n.pos) {
-                    self.err_help(n.pos, format!("stage name `{}` is used twice", n.value), format!("it was first defined at line {}; rename one", first.line));
+                    self.err_help(
+                        n.pos,
+                        format!("stage name `{}` is used twice", n.value),
+                        format!("it was first defined at line {}; rename one", first.line),
+                    );
                 }
                 if !valid_name(&n.value) {
                     self.err_help(n.pos, format!("invalid stage name `{}`", n.value), "use letters, digits, `_` and `-`");
@@ -294,8 +295,16 @@ impl<'a> Checker<'a> {
 
     fn check_stage(&mut self, name: &Sp<String>, s: &StageSpec, in_loop: Option<(&Sp<String>, &StageSpec)>) {
         match (&s.kind, &s.loop_) {
-            (Some(_), Some(_)) => self.err_help(name.pos, format!("stage `{}` has both `kind` and `loop`", name.value), "a loop's stages go under its `stages:` key; remove `kind`"),
-            (None, None) => self.err_help(name.pos, format!("stage `{}` has no `kind`", name.value), format!("add `kind:` (one of: {})", self.registry.names().collect::<Vec<_>>().join(", "))),
+            (Some(_), Some(_)) => self.err_help(
+                name.pos,
+                format!("stage `{}` has both `kind` and `loop`", name.value),
+                "a loop's stages go under its `stages:` key; remove `kind`",
+            ),
+            (None, None) => self.err_help(
+                name.pos,
+                format!("stage `{}` has no `kind`", name.value),
+                format!("add `kind:` (one of: {})", self.registry.names().collect::<Vec<_>>().join(", ")),
+            ),
             (None, Some(l)) => {
                 if in_loop.is_some() {
                     self.err(name.pos, format!("loop `{}` is inside another loop; loops cannot nest", name.value));
@@ -306,7 +315,11 @@ impl<'a> Checker<'a> {
             }
             (Some(kind), None) => {
                 if !s.stages.is_empty() {
-                    self.err_help(name.pos, format!("stage `{}` has `stages` but no `loop`", name.value), "add a `loop:` block or move the stages to the top level");
+                    self.err_help(
+                        name.pos,
+                        format!("stage `{}` has `stages` but no `loop`", name.value),
+                        "add a `loop:` block or move the stages to the top level",
+                    );
                 }
                 if self.registry.get(&kind.value).is_none() {
                     let help = did_you_mean(&kind.value, self.registry.names())
@@ -321,27 +334,40 @@ impl<'a> Checker<'a> {
         let mut outs: HashMap<&str, Pos> = HashMap::new();
         for o in &s.outputs {
             if let Some(first) = outs.insert(&o.value, o.pos) {
-                self.err_help(o.pos, format!("output `{}` of stage `{}` is declared twice", o.value, name.value), format!("first declared at line {}; remove one", first.line));
+                self.err_help(
+                    o.pos,
+                    format!("output `{}` of stage `{}` is declared twice", o.value, name.value),
+                    format!("first declared at line {}; remove one", first.line),
+                );
             }
             if !valid_name(&o.value) {
                 self.err_help(o.pos, format!("invalid output name `{}`", o.value), "use letters, digits, `_` and `-`");
             }
         }
         if let (Some(fixed), Some(first)) = (kind.outputs(), s.outputs.first()) {
-            self.err_help(first.pos, format!("kind `{}` has fixed outputs ({}); `outputs` cannot be set", kind.name(), fixed.join(", ")), "remove the `outputs` key");
+            self.err_help(
+                first.pos,
+                format!("kind `{}` has fixed outputs ({}); `outputs` cannot be set", kind.name(), fixed.join(", ")),
+                "remove the `outputs` key",
+            );
         }
         // Inputs: declared names, required ones, and references.
         if let Some(decl) = kind.inputs() {
             for (iname, _) in s.inputs.iter() {
                 if !decl.iter().any(|d| d.name == iname.value) {
-                    let help = did_you_mean(&iname.value, decl.iter().map(|d| d.name))
-                        .unwrap_or_else(|| format!("kind `{}` takes: {}", kind.name(), decl.iter().map(|d| d.name).collect::<Vec<_>>().join(", ")));
+                    let help = did_you_mean(&iname.value, decl.iter().map(|d| d.name)).unwrap_or_else(|| {
+                        format!("kind `{}` takes: {}", kind.name(), decl.iter().map(|d| d.name).collect::<Vec<_>>().join(", "))
+                    });
                     self.err_help(iname.pos, format!("kind `{}` has no input `{}`", kind.name(), iname.value), help);
                 }
             }
             for d in decl.iter().filter(|d| d.required) {
                 if s.inputs.get(d.name).is_none() {
-                    self.err_help(name.pos, format!("stage `{}` lacks required input `{}`", name.value, d.name), format!("add `inputs: {{{}: STAGE.OUTPUT}}`", d.name));
+                    self.err_help(
+                        name.pos,
+                        format!("stage `{}` lacks required input `{}`", name.value, d.name),
+                        format!("add `inputs: {{{}: STAGE.OUTPUT}}`", d.name),
+                    );
                 }
             }
         }
@@ -362,7 +388,10 @@ impl<'a> Checker<'a> {
                 if let Err(e) = kind.check_params(&params) {
                     let pos = e.key.as_deref().and_then(|k| s.params.key_pos(k)).unwrap_or(name.pos);
                     let d = Diagnostic::new(pos, format!("stage `{}`: {}", name.value, e.message));
-                    self.diags.push(match e.help { Some(h) => d.help(h), None => d });
+                    self.diags.push(match e.help {
+                        Some(h) => d.help(h),
+                        None => d,
+                    });
                 }
             }
             Err(d) => self.diags.push(d),
@@ -378,13 +407,21 @@ impl<'a> Checker<'a> {
         }
         for field in [&s.params.is_empty(), &s.inputs.is_empty(), &s.outputs.is_empty(), &s.matrix.is_empty()] {
             if !*field {
-                self.err_help(name.pos, format!("loop `{}` takes only `loop` and `stages`", name.value), "put params, inputs and outputs on the stages of its body");
+                self.err_help(
+                    name.pos,
+                    format!("loop `{}` takes only `loop` and `stages`", name.value),
+                    "put params, inputs and outputs on the stages of its body",
+                );
                 break;
             }
         }
         for (var, r) in l.init.iter() {
             if l.carry.get(&var.value).is_none() {
-                self.err_help(var.pos, format!("init variable `{}` is not carried", var.value), format!("add `{}: STAGE.OUTPUT` under `carry` so iteration k feeds k+1", var.value));
+                self.err_help(
+                    var.pos,
+                    format!("init variable `{}` is not carried", var.value),
+                    format!("add `{}: STAGE.OUTPUT` under `carry` so iteration k feeds k+1", var.value),
+                );
             }
             self.check_ref(&r.value, r.pos, name, None);
         }
@@ -393,10 +430,19 @@ impl<'a> Checker<'a> {
                 Some((st, out)) if s.stages.get(st).is_some() => {
                     let offered = offered_outputs(self.registry, s.stages.get(st).unwrap());
                     if !offered.iter().any(|o| o == out) {
-                        self.err_help(r.pos, format!("stage `{st}` has no output `{out}`"), did_you_mean(out, offered.iter().map(|s| s.as_str())).unwrap_or_else(|| format!("its outputs: {}", offered.join(", "))));
+                        self.err_help(
+                            r.pos,
+                            format!("stage `{st}` has no output `{out}`"),
+                            did_you_mean(out, offered.iter().map(|s| s.as_str()))
+                                .unwrap_or_else(|| format!("its outputs: {}", offered.join(", "))),
+                        );
                     }
                 }
-                _ => self.err_help(r.pos, format!("carry source `{}` is not an output of this loop's body", r.value), "write BODYSTAGE.OUTPUT"),
+                _ => self.err_help(
+                    r.pos,
+                    format!("carry source `{}` is not an output of this loop's body", r.value),
+                    "write BODYSTAGE.OUTPUT",
+                ),
             }
         }
         if let Some(stop) = &l.stop_when {
@@ -405,7 +451,11 @@ impl<'a> Checker<'a> {
             }
             match stop.metric.value.split_once('.') {
                 Some((st, _)) if s.stages.get(st).is_some() => {}
-                _ => self.err_help(stop.metric.pos, format!("stop metric `{}` must be BODYSTAGE.METRIC", stop.metric.value), format!("body stages: {}", s.stages.keys().collect::<Vec<_>>().join(", "))),
+                _ => self.err_help(
+                    stop.metric.pos,
+                    format!("stop metric `{}` must be BODYSTAGE.METRIC", stop.metric.value),
+                    format!("body stages: {}", s.stages.keys().collect::<Vec<_>>().join(", ")),
+                ),
             }
         }
         for (bname, b) in s.stages.iter() {
@@ -414,7 +464,11 @@ impl<'a> Checker<'a> {
                 for reference in r.value.refs() {
                     if let Some(var) = reference.strip_prefix("loop.") {
                         if l.carry.get(var).is_some() && l.init.get(var).is_none() {
-                            self.err_help(r.pos, format!("loop variable `{var}` has no value in iteration 1"), format!("add `{var}: STAGE.OUTPUT` under the loop's `init`"));
+                            self.err_help(
+                                r.pos,
+                                format!("loop variable `{var}` has no value in iteration 1"),
+                                format!("add `{var}: STAGE.OUTPUT` under the loop's `init`"),
+                            );
                         }
                     }
                 }
@@ -434,11 +488,16 @@ impl<'a> Checker<'a> {
                 Some((_, l)) => {
                     let lp = l.loop_.as_ref().unwrap();
                     if lp.carry.get(out).is_none() {
-                        let help = did_you_mean(out, lp.carry.keys()).unwrap_or_else(|| format!("carried variables: {}", lp.carry.keys().collect::<Vec<_>>().join(", ")));
+                        let help = did_you_mean(out, lp.carry.keys())
+                            .unwrap_or_else(|| format!("carried variables: {}", lp.carry.keys().collect::<Vec<_>>().join(", ")));
                         self.err_help(pos, format!("`loop.{out}`: the loop carries no variable `{out}`"), help);
                     }
                 }
-                None => self.err_help(pos, format!("`{reference}` is only meaningful inside a loop body"), "refer to LOOPNAME.VAR from outside a loop"),
+                None => self.err_help(
+                    pos,
+                    format!("`{reference}` is only meaningful inside a loop body"),
+                    "refer to LOOPNAME.VAR from outside a loop",
+                ),
             }
             return;
         }
@@ -446,9 +505,7 @@ impl<'a> Checker<'a> {
             self.err(pos, format!("stage `{st}` takes its own output `{out}` as input"));
             return;
         }
-        let target = in_loop
-            .and_then(|(_, l)| l.stages.get(st))
-            .or_else(|| self.spec.stages.get(st));
+        let target = in_loop.and_then(|(_, l)| l.stages.get(st)).or_else(|| self.spec.stages.get(st));
         let Some(target) = target else {
             let mut names: Vec<&str> = self.spec.stages.keys().collect();
             if let Some((_, l)) = in_loop {
@@ -504,7 +561,12 @@ impl<'a> Checker<'a> {
     }
 
     /// Params with `${params.X}`, `${matrix.X}` and `${loop.iteration}` replaced.
-    fn substituted(&self, params: &OrderedMap<Sp<Value>>, matrix: &BTreeMap<String, Value>, iteration: Option<u32>) -> Result<Value, Diagnostic> {
+    fn substituted(
+        &self,
+        params: &OrderedMap<Sp<Value>>,
+        matrix: &BTreeMap<String, Value>,
+        iteration: Option<u32>,
+    ) -> Result<Value, Diagnostic> {
         let mut out = serde_json::Map::new();
         for (k, v) in params.iter() {
             out.insert(k.value.clone(), subst_value(&v.value, v.pos, self.spec, matrix, iteration)?);
@@ -513,7 +575,14 @@ impl<'a> Checker<'a> {
     }
 
     fn expand(&mut self) -> Compiled {
-        let mut ex = Expander { checker: self, instances: Vec::new(), loops: Vec::new(), stages: Vec::new(), top: HashMap::new(), loop_of: HashMap::new() };
+        let mut ex = Expander {
+            checker: self,
+            instances: Vec::new(),
+            loops: Vec::new(),
+            stages: Vec::new(),
+            top: HashMap::new(),
+            loop_of: HashMap::new(),
+        };
         ex.run();
         let Expander { instances, loops, stages, .. } = ex;
         let mut graph = DiGraph::<usize, ()>::new();
@@ -589,7 +658,13 @@ fn scalar_text(v: &Value) -> String {
     }
 }
 
-fn subst_value(v: &Value, pos: Pos, spec: &PipelineFile, matrix: &BTreeMap<String, Value>, iteration: Option<u32>) -> Result<Value, Diagnostic> {
+fn subst_value(
+    v: &Value,
+    pos: Pos,
+    spec: &PipelineFile,
+    matrix: &BTreeMap<String, Value>,
+    iteration: Option<u32>,
+) -> Result<Value, Diagnostic> {
     match v {
         Value::String(s) => subst_str(s, pos, spec, matrix, iteration),
         Value::Array(a) => a.iter().map(|x| subst_value(x, pos, spec, matrix, iteration)).collect::<Result<_, _>>().map(Value::Array),
@@ -605,7 +680,13 @@ fn subst_value(v: &Value, pos: Pos, spec: &PipelineFile, matrix: &BTreeMap<Strin
 }
 
 /// Replace placeholders this engine owns; others (e.g. `${inputs.x}` for `shell`) stay.
-fn subst_str(s: &str, pos: Pos, spec: &PipelineFile, matrix: &BTreeMap<String, Value>, iteration: Option<u32>) -> Result<Value, Diagnostic> {
+fn subst_str(
+    s: &str,
+    pos: Pos,
+    spec: &PipelineFile,
+    matrix: &BTreeMap<String, Value>,
+    iteration: Option<u32>,
+) -> Result<Value, Diagnostic> {
     let lookup = |key: &str| -> Result<Option<Value>, Diagnostic> {
         if let Some(p) = key.strip_prefix("params.") {
             return match spec.params.get(p) {
@@ -617,7 +698,8 @@ fn subst_str(s: &str, pos: Pos, spec: &PipelineFile, matrix: &BTreeMap<String, V
         if let Some(m) = key.strip_prefix("matrix.") {
             return match matrix.get(m) {
                 Some(v) => Ok(Some(v.clone())),
-                None => Err(Diagnostic::new(pos, format!("`${{{key}}}`: this stage has no matrix key `{m}`")).help("add it under the stage's `matrix:`")),
+                None => Err(Diagnostic::new(pos, format!("`${{{key}}}`: this stage has no matrix key `{m}`"))
+                    .help("add it under the stage's `matrix:`")),
             };
         }
         if key == "loop.iteration" {

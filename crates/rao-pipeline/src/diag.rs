@@ -72,10 +72,7 @@ fn render_one(f: &mut fmt::Formatter, file: &str, source: &str, d: &Diagnostic) 
 /// Underline the word at `start` (at least one character).
 fn token_width(line: &str, start: usize) -> usize {
     let rest: String = line.chars().skip(start).collect();
-    let w = rest
-        .chars()
-        .take_while(|c| !c.is_whitespace() && !matches!(c, ':' | ',' | ']' | '}'))
-        .count();
+    let w = rest.chars().take_while(|c| !c.is_whitespace() && !matches!(c, ':' | ',' | ']' | '}')).count();
     w.max(1)
 }
 

@@ -57,41 +57,41 @@ impl Reporter {
         use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
         let multi = MultiProgress::new();
         let total = multi.add(ProgressBar::new(0));
-        total.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} stages {msg}").unwrap().progress_chars("=> "));
+        total.set_style(
+            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} stages {msg}").unwrap().progress_chars("=> "),
+        );
         let running: Mutex<HashMap<String, ProgressBar>> = Mutex::new(HashMap::new());
-        Reporter::new(move |e| {
-            match e {
-                Event::RunStarted { instances, .. } => total.set_length(*instances as u64),
-                Event::Started { instance, attempt, .. } => {
-                    let pb = multi.add(ProgressBar::new_spinner());
-                    pb.set_style(ProgressStyle::with_template("  {spinner} {msg} {elapsed}").unwrap());
-                    pb.enable_steady_tick(std::time::Duration::from_millis(120));
-                    let suffix = if *attempt > 1 { format!(" (attempt {attempt})") } else { String::new() };
-                    pb.set_message(format!("{instance}{suffix}"));
-                    if let Some(old) = running.lock().unwrap().insert(instance.clone(), pb) {
-                        old.finish_and_clear();
-                    }
+        Reporter::new(move |e| match e {
+            Event::RunStarted { instances, .. } => total.set_length(*instances as u64),
+            Event::Started { instance, attempt, .. } => {
+                let pb = multi.add(ProgressBar::new_spinner());
+                pb.set_style(ProgressStyle::with_template("  {spinner} {msg} {elapsed}").unwrap());
+                pb.enable_steady_tick(std::time::Duration::from_millis(120));
+                let suffix = if *attempt > 1 { format!(" (attempt {attempt})") } else { String::new() };
+                pb.set_message(format!("{instance}{suffix}"));
+                if let Some(old) = running.lock().unwrap().insert(instance.clone(), pb) {
+                    old.finish_and_clear();
                 }
-                Event::Finished { instance, .. } | Event::Failed { instance, .. } => {
-                    if let Some(pb) = running.lock().unwrap().remove(instance) {
-                        pb.finish_and_clear();
-                    }
-                    total.inc(1);
-                    if let Some(l) = human_line(e) {
-                        multi.println(l).ok();
-                    }
+            }
+            Event::Finished { instance, .. } | Event::Failed { instance, .. } => {
+                if let Some(pb) = running.lock().unwrap().remove(instance) {
+                    pb.finish_and_clear();
                 }
-                Event::Cached { .. } | Event::Skipped { .. } => total.inc(1),
-                Event::Retrying { .. } => {
-                    if let Some(l) = human_line(e) {
-                        multi.println(l).ok();
-                    }
+                total.inc(1);
+                if let Some(l) = human_line(e) {
+                    multi.println(l).ok();
                 }
-                Event::RunFinished { .. } => {
-                    total.finish_and_clear();
-                    if let Some(l) = human_line(e) {
-                        multi.println(l).ok();
-                    }
+            }
+            Event::Cached { .. } | Event::Skipped { .. } => total.inc(1),
+            Event::Retrying { .. } => {
+                if let Some(l) = human_line(e) {
+                    multi.println(l).ok();
+                }
+            }
+            Event::RunFinished { .. } => {
+                total.finish_and_clear();
+                if let Some(l) = human_line(e) {
+                    multi.println(l).ok();
                 }
             }
         })
@@ -100,12 +100,20 @@ impl Reporter {
 
 fn human_line(e: &Event) -> Option<String> {
     Some(match e {
-        Event::RunStarted { pipeline, run_id, instances, store } => format!("run {run_id} of `{pipeline}`: {instances} stage instances, store {store}"),
+        Event::RunStarted { pipeline, run_id, instances, store } => {
+            format!("run {run_id} of `{pipeline}`: {instances} stage instances, store {store}")
+        }
         Event::Cached { instance, .. } => format!("cached   {instance}"),
         Event::Started { instance, attempt, .. } => {
-            if *attempt > 1 { format!("start    {instance} (attempt {attempt})") } else { format!("start    {instance}") }
+            if *attempt > 1 {
+                format!("start    {instance} (attempt {attempt})")
+            } else {
+                format!("start    {instance}")
+            }
         }
-        Event::Retrying { instance, attempt, error, delay_s } => format!("retry    {instance} after attempt {attempt} failed ({error}); waiting {delay_s:.1}s"),
+        Event::Retrying { instance, attempt, error, delay_s } => {
+            format!("retry    {instance} after attempt {attempt} failed ({error}); waiting {delay_s:.1}s")
+        }
         Event::Finished { instance, seconds, .. } => format!("done     {instance} ({seconds:.2}s)"),
         Event::Failed { instance, error } => format!("FAILED   {instance}: {error}"),
         Event::Skipped { instance, reason } => format!("skipped  {instance}: {reason}"),

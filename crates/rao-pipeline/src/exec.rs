@@ -28,7 +28,8 @@ pub struct IndexEntry {
 }
 
 pub fn index_key(pipeline: &str, instance: &str) -> String {
-    let safe: String = instance.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '@' | '=' | ',') { c } else { '_' }).collect();
+    let safe: String =
+        instance.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '@' | '=' | ',') { c } else { '_' }).collect();
     format!("index/{pipeline}/{safe}.json")
 }
 
@@ -87,7 +88,9 @@ pub async fn execute(c: &Compiled, registry: &Registry, store: &Store, job: Job,
             None => fut.await.map_err(ExecError::Failed),
         };
         let result = match result {
-            Ok(()) => publish(c, store, &job, inst.outputs.as_slice(), &staging, metrics, started_at, attempt).await.map_err(ExecError::Failed),
+            Ok(()) => {
+                publish(c, store, &job, inst.outputs.as_slice(), &staging, metrics, started_at, attempt).await.map_err(ExecError::Failed)
+            }
             Err(e) => Err(e),
         };
         let _ = std::fs::remove_dir_all(&staging);
@@ -166,9 +169,7 @@ async fn publish(
         attempts,
     };
     store.put_json(&manifest_key(&job.fingerprint), &manifest).await?;
-    store
-        .put_json(&index_key(&c.name, &inst.name), &IndexEntry { fingerprint: job.fingerprint.clone(), parts: job.parts.clone() })
-        .await?;
+    store.put_json(&index_key(&c.name, &inst.name), &IndexEntry { fingerprint: job.fingerprint.clone(), parts: job.parts.clone() }).await?;
     Ok(manifest)
 }
 
@@ -221,7 +222,13 @@ pub fn input_artifacts(
 
 /// `rao exec`: run one instance by name, reading everything it needs from the store.
 /// Fails if an input is not done; a done instance is not run again.
-pub async fn execute_by_name(c: &Compiled, registry: &Registry, store: &Store, name: &str, reporter: &Reporter) -> anyhow::Result<Manifest> {
+pub async fn execute_by_name(
+    c: &Compiled,
+    registry: &Registry,
+    store: &Store,
+    name: &str,
+    reporter: &Reporter,
+) -> anyhow::Result<Manifest> {
     let i = c.instance_index(name).ok_or_else(|| {
         let names: Vec<&str> = c.instances.iter().map(|x| x.name.as_str()).collect();
         anyhow::anyhow!(

@@ -57,21 +57,15 @@ pub fn parse_typed<P: DeserializeOwned + schemars::JsonSchema>(params: &Value) -
     serde_path_to_error::deserialize::<_, P>(params).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
-        let unknown = inner
-            .strip_prefix("unknown field `")
-            .and_then(|r| r.split('`').next())
-            .map(str::to_string);
+        let unknown = inner.strip_prefix("unknown field `").and_then(|r| r.split('`').next()).map(str::to_string);
         let key = unknown.clone().or_else(|| {
             let first = path.split(['.', '[']).next().unwrap_or("").to_string();
             (!first.is_empty() && first != "?").then_some(first)
         });
         let help = unknown.as_ref().and_then(|u| {
             let schema = schemars::schema_for!(P);
-            let names: Vec<String> = schema
-                .get("properties")
-                .and_then(|p| p.as_object())
-                .map(|o| o.keys().cloned().collect())
-                .unwrap_or_default();
+            let names: Vec<String> =
+                schema.get("properties").and_then(|p| p.as_object()).map(|o| o.keys().cloned().collect()).unwrap_or_default();
             crate::diag::did_you_mean(u, names.iter().map(|s| s.as_str()))
         });
         let message = if path.is_empty() || path == "." || unknown.is_some() {
@@ -177,10 +171,7 @@ impl StageContext {
 
     /// The artifacts of input `name` (several when it names a fanned-out stage or a list).
     pub fn input(&self, name: &str) -> anyhow::Result<&[InputArtifact]> {
-        self.inputs
-            .get(name)
-            .map(|v| v.as_slice())
-            .ok_or_else(|| anyhow::anyhow!("stage `{}` has no input named `{name}`", self.instance))
+        self.inputs.get(name).map(|v| v.as_slice()).ok_or_else(|| anyhow::anyhow!("stage `{}` has no input named `{name}`", self.instance))
     }
 
     /// Read one file of one input artifact.

@@ -33,7 +33,10 @@ fn apply_one(spec: &mut PipelineFile, o: &str) -> Result<(), String> {
         ["stages", stage, rest @ ..] => {
             let names: Vec<String> = all_stage_names(&spec.stages);
             let s = find_stage(&mut spec.stages, stage).ok_or_else(|| {
-                format!("no stage `{stage}`{}", did_you_mean(stage, names.iter().map(|s| s.as_str())).map(|h| format!("; {h}")).unwrap_or_default())
+                format!(
+                    "no stage `{stage}`{}",
+                    did_you_mean(stage, names.iter().map(|s| s.as_str())).map(|h| format!("; {h}")).unwrap_or_default()
+                )
             })?;
             match rest {
                 ["params", p @ ..] if !p.is_empty() => set_param(&mut s.params, p, value)?,
@@ -52,10 +55,7 @@ fn apply_one(spec: &mut PipelineFile, o: &str) -> Result<(), String> {
 }
 
 fn all_stage_names(stages: &OrderedMap<StageSpec>) -> Vec<String> {
-    stages
-        .iter()
-        .flat_map(|(n, s)| std::iter::once(n.value.clone()).chain(s.stages.keys().map(str::to_string)))
-        .collect()
+    stages.iter().flat_map(|(n, s)| std::iter::once(n.value.clone()).chain(s.stages.keys().map(str::to_string))).collect()
 }
 
 fn find_stage<'a>(stages: &'a mut OrderedMap<StageSpec>, name: &str) -> Option<&'a mut StageSpec> {

@@ -43,14 +43,23 @@ pub async fn rows(c: &Compiled, store: &Store) -> StoreResult<Vec<Row>> {
             (State::Done, vec![])
         } else if let Some(parts) = &snap.parts[i] {
             match last_index(c, store, &inst.name).await? {
-                Some(old) if old.fingerprint == snap.fps[i].clone().unwrap() => (State::Stale, vec!["its artifacts are missing from the store".into()]),
+                Some(old) if old.fingerprint == snap.fps[i].clone().unwrap() => {
+                    (State::Stale, vec!["its artifacts are missing from the store".into()])
+                }
                 Some(old) => (State::Stale, parts.explain_change(&old.parts)),
                 None => (State::Missing, vec!["never ran".into()]),
             }
         } else {
             (State::Waiting, vec!["waits for a loop to decide its last iteration".into()])
         };
-        out.push(Row { instance: inst.name.clone(), stage: inst.stage.clone(), kind: inst.kind.clone(), state, fingerprint: snap.fps[i].clone(), reasons });
+        out.push(Row {
+            instance: inst.name.clone(),
+            stage: inst.stage.clone(),
+            kind: inst.kind.clone(),
+            state,
+            fingerprint: snap.fps[i].clone(),
+            reasons,
+        });
     }
     Ok(out)
 }

@@ -59,7 +59,12 @@ impl Executor for LocalProcess {
             for o in &c.overrides {
                 cmd.arg("--set").arg(o);
             }
-            let out = cmd.kill_on_drop(true).stdin(std::process::Stdio::null()).output().await.map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+            let out = cmd
+                .kill_on_drop(true)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await
+                .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
             if !out.status.success() {
                 let err = String::from_utf8_lossy(&out.stderr);
                 return Err(format!("`rao exec` exited with {}: {}", out.status, err.trim()));
@@ -250,7 +255,8 @@ pub async fn run(c: Arc<Compiled>, executor: Arc<dyn Executor>, store: &Store, o
     let mut manifests: Vec<Option<Manifest>> = vec![None; n];
     let mut fps: Vec<Option<String>> = vec![None; n];
     let mut loop_exit: Vec<Option<u32>> = vec![None; c.loops.len()];
-    let mut ready: BinaryHeap<Reverse<(usize, usize)>> = (0..n).filter(|&i| waiting_on[i] == 0).map(|i| Reverse((position[i], i))).collect();
+    let mut ready: BinaryHeap<Reverse<(usize, usize)>> =
+        (0..n).filter(|&i| waiting_on[i] == 0).map(|i| Reverse((position[i], i))).collect();
     let mut deferred: Vec<usize> = Vec::new();
     let (mut cpu_free, mut gpu_free) = (opts.jobs.max(1) as u32, opts.gpus);
     let mut running: JoinSet<Outcome> = JoinSet::new();
@@ -382,7 +388,11 @@ pub async fn run(c: Arc<Compiled>, executor: Arc<dyn Executor>, store: &Store, o
                         r.metrics = m.metrics.clone();
                         r.started_at = Some(m.started_at);
                         r.finished_at = Some(m.finished_at);
-                        rep.emit(Event::Finished { instance: inst.name.clone(), fingerprint: m.fingerprint.clone(), seconds: m.finished_at - m.started_at });
+                        rep.emit(Event::Finished {
+                            instance: inst.name.clone(),
+                            fingerprint: m.fingerprint.clone(),
+                            seconds: m.finished_at - m.started_at,
+                        });
                         manifests[i] = Some(m);
                         on_loop_progress(&c, &manifests, &mut loop_exit, i);
                         settle!(i, None);
@@ -417,12 +427,28 @@ pub async fn run(c: Arc<Compiled>, executor: Arc<dyn Executor>, store: &Store, o
         r.status = if cancelled { InstanceStatus::Cancelled } else { InstanceStatus::Skipped };
     }
     let count = |s: InstanceStatus| record.instances.iter().filter(|r| r.status == s).count();
-    let (done, cached, failed, skipped) = (count(InstanceStatus::Done), count(InstanceStatus::Cached), count(InstanceStatus::Failed), count(InstanceStatus::Skipped));
-    record.status = if cancelled { "cancelled" } else if failed > 0 { "failed" } else { "succeeded" }.into();
+    let (done, cached, failed, skipped) =
+        (count(InstanceStatus::Done), count(InstanceStatus::Cached), count(InstanceStatus::Failed), count(InstanceStatus::Skipped));
+    record.status = if cancelled {
+        "cancelled"
+    } else if failed > 0 {
+        "failed"
+    } else {
+        "succeeded"
+    }
+    .into();
     record.finished_at = Some(now_secs());
     store.put_json(&record.key(), &record).await?;
     store.put_json(&format!("runs/{}/latest.json", c.name), &record).await?;
-    rep.emit(Event::RunFinished { run_id: record.run_id.clone(), status: record.status.clone(), done, cached, failed, skipped, seconds: t0.elapsed().as_secs_f64() });
+    rep.emit(Event::RunFinished {
+        run_id: record.run_id.clone(),
+        status: record.status.clone(),
+        done,
+        cached,
+        failed,
+        skipped,
+        seconds: t0.elapsed().as_secs_f64(),
+    });
     Ok(record)
 }
 

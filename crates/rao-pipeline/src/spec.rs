@@ -268,9 +268,10 @@ impl Duration {
             Some(i) => (&t[..i], &t[i..]),
             None => (t, "s"),
         };
-        let n: f64 = num.trim().parse().map_err(|_| {
-            format!("`{text}` is not a duration; write seconds (`30`) or a number with ms, s, m or h (`10m`)")
-        })?;
+        let n: f64 = num
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{text}` is not a duration; write seconds (`30`) or a number with ms, s, m or h (`10m`)"))?;
         let secs = match unit {
             "ms" => n / 1000.0,
             "s" => n,

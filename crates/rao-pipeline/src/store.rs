@@ -58,23 +58,14 @@ impl Store {
                 let parsed = url::Url::parse(url).map_err(|e| err(e.to_string()))?;
                 let prefix = Path::from_url_path(parsed.path()).map_err(|e| err(e.to_string()))?;
                 let inner: Arc<dyn ObjectStore> = match scheme.unwrap() {
-                    "s3" | "s3a" => Arc::new(
-                        object_store::aws::AmazonS3Builder::from_env()
-                            .with_url(url)
-                            .build()
-                            .map_err(|e| err(e.to_string()))?,
-                    ),
+                    "s3" | "s3a" => {
+                        Arc::new(object_store::aws::AmazonS3Builder::from_env().with_url(url).build().map_err(|e| err(e.to_string()))?)
+                    }
                     "gs" => Arc::new(
-                        object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                            .with_url(url)
-                            .build()
-                            .map_err(|e| err(e.to_string()))?,
+                        object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url).build().map_err(|e| err(e.to_string()))?,
                     ),
                     _ => Arc::new(
-                        object_store::azure::MicrosoftAzureBuilder::from_env()
-                            .with_url(url)
-                            .build()
-                            .map_err(|e| err(e.to_string()))?,
+                        object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url).build().map_err(|e| err(e.to_string()))?,
                     ),
                 };
                 Ok(Store { inner, prefix, url: url.to_string(), local_root: None })
@@ -84,9 +75,9 @@ impl Store {
                 let path = parsed.to_file_path().map_err(|_| err("not a local file path".into()))?;
                 Self::open_local(url, &path)
             }
-            Some(other) => Err(err(format!(
-                "unknown store scheme `{other}://`; use a local path, file://, memory://, s3://, gs:// or az://"
-            ))),
+            Some(other) => {
+                Err(err(format!("unknown store scheme `{other}://`; use a local path, file://, memory://, s3://, gs:// or az://")))
+            }
             None => {
                 let path = if FsPath::new(url).is_absolute() { PathBuf::from(url) } else { base_dir.join(url) };
                 Self::open_local(url, &path)
@@ -95,15 +86,11 @@ impl Store {
     }
 
     fn open_local(url: &str, path: &FsPath) -> StoreResult<Store> {
-        std::fs::create_dir_all(path).map_err(|e| StoreError::Open {
-            url: url.to_string(),
-            message: format!("cannot create directory {}: {e}", path.display()),
-        })?;
+        std::fs::create_dir_all(path)
+            .map_err(|e| StoreError::Open { url: url.to_string(), message: format!("cannot create directory {}: {e}", path.display()) })?;
         let root = path.canonicalize().map_err(|e| StoreError::Local { path: path.display().to_string(), source: e })?;
-        let fs = object_store::local::LocalFileSystem::new_with_prefix(&root).map_err(|e| StoreError::Open {
-            url: url.to_string(),
-            message: e.to_string(),
-        })?;
+        let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
+            .map_err(|e| StoreError::Open { url: url.to_string(), message: e.to_string() })?;
         Ok(Store { inner: Arc::new(fs), prefix: Path::default(), url: url.to_string(), local_root: Some(root) })
     }
 
@@ -122,11 +109,7 @@ impl Store {
     }
 
     fn path(&self, key: &str) -> Path {
-        if self.prefix.as_ref().is_empty() {
-            Path::from(key)
-        } else {
-            Path::from(format!("{}/{}", self.prefix.as_ref(), key))
-        }
+        if self.prefix.as_ref().is_empty() { Path::from(key) } else { Path::from(format!("{}/{}", self.prefix.as_ref(), key)) }
     }
 
     fn strip(&self, p: &Path) -> String {
@@ -168,12 +151,8 @@ impl Store {
     /// Every object under `prefix` (recursively), as (key relative to the store, size).
     pub async fn list(&self, prefix: &str) -> StoreResult<Vec<(String, u64)>> {
         let p = self.path(prefix);
-        let metas: Vec<_> = self
-            .inner
-            .list(Some(&p))
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::Object { key: prefix.to_string(), source: e })?;
+        let metas: Vec<_> =
+            self.inner.list(Some(&p)).try_collect().await.map_err(|e| StoreError::Object { key: prefix.to_string(), source: e })?;
         let mut out: Vec<(String, u64)> = metas.iter().map(|m| (self.strip(&m.location), m.size)).collect();
         out.sort();
         Ok(out)
@@ -182,9 +161,7 @@ impl Store {
     pub async fn get_json<T: for<'de> Deserialize<'de>>(&self, key: &str) -> StoreResult<Option<T>> {
         match self.get_opt(key).await? {
             None => Ok(None),
-            Some(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(|e| StoreError::Json { key: key.to_string(), source: e }),
+            Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| StoreError::Json { key: key.to_string(), source: e }),
         }
     }
 
@@ -195,10 +172,7 @@ impl Store {
 
     pub async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
         for (key, _) in self.list(prefix).await? {
-            self.inner
-                .delete(&self.path(&key))
-                .await
-                .map_err(|e| StoreError::Object { key: key.clone(), source: e })?;
+            self.inner.delete(&self.path(&key)).await.map_err(|e| StoreError::Object { key: key.clone(), source: e })?;
         }
         Ok(())
     }

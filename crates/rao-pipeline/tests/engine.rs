@@ -81,7 +81,8 @@ stages:
 
 #[test]
 fn reference_to_missing_output_names_the_outputs() {
-    let e = errors("name: x\nstages:\n  a: {kind: shell, params: {command: 'true'}, outputs: [data]}\n  b: {kind: noop, inputs: {i: a.dat}}\n");
+    let e =
+        errors("name: x\nstages:\n  a: {kind: shell, params: {command: 'true'}, outputs: [data]}\n  b: {kind: noop, inputs: {i: a.dat}}\n");
     assert_eq!(e[0].0, 4);
     assert!(e[0].2.contains("has no output `dat`"));
     assert_eq!(e[0].3.as_deref(), Some("did you mean `data`?"));
@@ -126,7 +127,10 @@ stages:
 ";
     let c = compile(text, dir.path()).unwrap();
     let names: Vec<&str> = c.order.iter().map(|&i| c.instances[i].name.as_str()).collect();
-    assert_eq!(names, ["init", "rollout@1", "update@1", "rollout@2", "update@2", "rollout@3", "update@3", "eval[band=easy]", "eval[band=hard]"]);
+    assert_eq!(
+        names,
+        ["init", "rollout@1", "update@1", "rollout@2", "update@2", "rollout@3", "update@3", "eval[band=easy]", "eval[band=hard]"]
+    );
     let eval = &c.instances[c.instance_index("eval[band=hard]").unwrap()];
     assert_eq!(eval.params["value"], "hard");
     // Iteration 2 reads iteration 1's update.
@@ -153,7 +157,9 @@ stages:
     let r2 = run_with(text, dir.path(), &store, &[], 2).await;
     assert!(r2.instances.iter().all(|i| i.status == InstanceStatus::Cached));
     let r3 = run_with(text, dir.path(), &store, &["params.n=5".into()], 2).await;
-    for (name, want) in [("a", InstanceStatus::Done), ("b", InstanceStatus::Done), ("c", InstanceStatus::Cached), ("d", InstanceStatus::Done)] {
+    for (name, want) in
+        [("a", InstanceStatus::Done), ("b", InstanceStatus::Done), ("c", InstanceStatus::Cached), ("d", InstanceStatus::Done)]
+    {
         assert_eq!(status_of(&r3, name), &want, "{name}");
     }
     // The final artifact really changed: 5 lines counted, then "hi".

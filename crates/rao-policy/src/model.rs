@@ -98,7 +98,14 @@ fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
 
 impl Block {
     /// `x: [B, T, D]`, `bias: [B, 1, T, S]` additive attention bias (0 or very negative).
-    fn forward(&self, x: Tensor<3>, cos: &Tensor<4>, sin: &Tensor<4>, bias: &Tensor<4>, cache: Option<&mut Option<(Tensor<4>, Tensor<4>)>>) -> Tensor<3> {
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        cos: &Tensor<4>,
+        sin: &Tensor<4>,
+        bias: &Tensor<4>,
+        cache: Option<&mut Option<(Tensor<4>, Tensor<4>)>>,
+    ) -> Tensor<3> {
         let [b, t, d] = x.dims();
         let h = self.n_heads;
         let dh = d / h;

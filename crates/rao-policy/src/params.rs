@@ -64,7 +64,10 @@ pub fn read_grads(model: &Transformer, grads: &burn::tensor::Gradients) -> Vec<V
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             let t = param.val();
             let n = t.shape().num_elements();
-            let g = t.grad(self.grads).map(|g| g.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 gradients")).unwrap_or_else(|| vec![0.0; n]);
+            let g = t
+                .grad(self.grads)
+                .map(|g| g.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 gradients"))
+                .unwrap_or_else(|| vec![0.0; n]);
             self.out.push(g);
         }
     }

@@ -104,7 +104,12 @@ fn cispo_gradient_matches_finite_differences_of_its_surrogate() {
     let m: usize = lp0.iter().map(|v| v.len()).sum();
     let surrogate = |p: &Policy| -> f64 {
         let lps = p.sequence_logprobs(&seqs, &grammar, 1.0);
-        -lps.iter().zip(&weights).zip(&seqs).map(|((l, w), s)| l.iter().zip(w).map(|(a, b)| *a as f64 * b * s.advantage as f64).sum::<f64>()).sum::<f64>() / m as f64
+        -lps.iter()
+            .zip(&weights)
+            .zip(&seqs)
+            .map(|((l, w), s)| l.iter().zip(w).map(|(a, b)| *a as f64 * b * s.advantage as f64).sum::<f64>())
+            .sum::<f64>()
+            / m as f64
     };
     let base = read_params(&policy.model);
     // Check the largest-gradient coordinates of a few parameter tensors.

@@ -140,7 +140,9 @@ impl TypedStage for Evaluate {
             let mut depth_hist: BTreeMap<String, BTreeMap<i32, usize>> = BTreeMap::new();
             for &mode in &p.modes {
                 let mode_name = if mode == Mode::Recursive { "recursive" } else { "flat" };
-                let trees = rollout_trees(&world, &tasks, policy.clone(), mode, p.group_size, p.limits.limits(mode), Default::default(), ctx.seed).await;
+                let trees =
+                    rollout_trees(&world, &tasks, policy.clone(), mode, p.group_size, p.limits.limits(mode), Default::default(), ctx.seed)
+                        .await;
                 for band in Band::ALL {
                     let mine: Vec<&Vec<NodeRecord>> = trees
                         .iter()
@@ -221,4 +223,3 @@ pub fn table(rows: &[EvalRow]) -> String {
     }
     s
 }
-

@@ -54,7 +54,8 @@ pub fn exact_scores(world: &rao_envs::textcraft::World, nodes: &mut [NodeRecord]
 }
 
 pub fn root_proxy(nodes: &mut [NodeRecord]) {
-    let roots: BTreeMap<(String, i32, i32), f64> = nodes.iter().filter(|n| n.parent_id.is_none()).map(|n| ((n.task_id.clone(), n.iteration, n.group), n.score)).collect();
+    let roots: BTreeMap<(String, i32, i32), f64> =
+        nodes.iter().filter(|n| n.parent_id.is_none()).map(|n| ((n.task_id.clone(), n.iteration, n.group), n.score)).collect();
     for n in nodes.iter_mut() {
         n.score = roots[&(n.task_id.clone(), n.iteration, n.group)];
         n.judge = Some("root_proxy".into());

@@ -21,12 +21,12 @@ pub fn registry() -> Registry {
     r.register(Arc::new(Typed::<evaluate::Evaluate>::default()));
     r
 }
-pub mod neural;
 pub mod advantage;
+pub mod evaluate;
 pub mod judge;
 pub mod llm_judge;
+pub mod neural;
+pub mod report;
 pub mod training;
 pub mod update;
 pub mod warmstart;
-pub mod evaluate;
-pub mod report;

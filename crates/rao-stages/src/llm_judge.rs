@@ -147,13 +147,16 @@ impl LlmJudge {
                 Ok(resp) if resp.status().is_success() => {
                     let v: serde_json::Value = resp.json().await?;
                     let text = v["choices"][0]["message"]["content"].as_str().unwrap_or("");
-                    let score = parse_verdict(text).ok_or_else(|| anyhow::anyhow!("the judge's answer is not a JSON verdict: {text:.200}"))?;
+                    let score =
+                        parse_verdict(text).ok_or_else(|| anyhow::anyhow!("the judge's answer is not a JSON verdict: {text:.200}"))?;
                     let tmp = cached.with_extension("tmp");
                     std::fs::write(&tmp, serde_json::json!({"score": score, "answer": text}).to_string())?;
                     std::fs::rename(&tmp, &cached)?;
                     return Ok(score);
                 }
-                Ok(resp) if resp.status().is_server_error() || resp.status().as_u16() == 429 => last_err = format!("HTTP {}", resp.status()),
+                Ok(resp) if resp.status().is_server_error() || resp.status().as_u16() == 429 => {
+                    last_err = format!("HTTP {}", resp.status())
+                }
                 Ok(resp) => anyhow::bail!("judge endpoint {url} answered HTTP {} (not retried)", resp.status()),
                 // reqwest's errors name the URL, never the headers: the key stays out of logs.
                 Err(e) => last_err = e.to_string(),

@@ -23,7 +23,11 @@ pub fn write_checkpoint(ctx: &StageContext, output: &str, ck: &Checkpoint) -> an
 
 pub async fn read_checkpoint(ctx: &StageContext, a: &InputArtifact) -> anyhow::Result<Checkpoint> {
     let meta: CheckpointMeta = serde_json::from_slice(&ctx.read_input_file(a, META_FILE).await?)?;
-    Ok(Checkpoint { meta, params: ctx.read_input_file(a, PARAMS_FILE).await?.to_vec(), optim: ctx.read_input_file(a, OPTIM_FILE).await?.to_vec() })
+    Ok(Checkpoint {
+        meta,
+        params: ctx.read_input_file(a, PARAMS_FILE).await?.to_vec(),
+        optim: ctx.read_input_file(a, OPTIM_FILE).await?.to_vec(),
+    })
 }
 
 pub async fn load_policy(ctx: &StageContext, input: &str, backend: Backend) -> anyhow::Result<Policy> {
@@ -44,11 +48,17 @@ impl RuntimePolicy for NeuralPolicy {
         let rec = self.world.vocab.id("<rec>");
         let reqs: Vec<SampleRequest> = batch
             .into_iter()
-            .map(|r| SampleRequest { recursive: r.context.get(1) == Some(&rec), context: r.context, max_new_tokens: r.max_new_tokens, seed: r.seed })
+            .map(|r| SampleRequest {
+                recursive: r.context.get(1) == Some(&rec),
+                context: r.context,
+                max_new_tokens: r.max_new_tokens,
+                seed: r.seed,
+            })
             .collect();
         let (policy, grammar, temperature) = (self.policy.clone(), self.grammar.clone(), self.temperature);
         Box::pin(async move {
-            let out = tokio::task::spawn_blocking(move || policy.sample(&reqs, grammar.as_ref(), temperature)).await.expect("sampling panicked");
+            let out =
+                tokio::task::spawn_blocking(move || policy.sample(&reqs, grammar.as_ref(), temperature)).await.expect("sampling panicked");
             out.into_iter().map(|(tokens, logprobs)| Response { tokens, logprobs }).collect()
         })
     }

@@ -22,7 +22,11 @@ fn frame(title: &str, body: &str, y_max: f64) -> String {
     for k in 0..=4 {
         let v = y_max * k as f64 / 4.0;
         let y = H - PAD - (H - PAD - 28.0) * k as f64 / 4.0;
-        s.push_str(&format!("<text x='4' y='{:.1}'>{v:.2}</text><line x1='{PAD}' y1='{y:.1}' x2='{}' y2='{y:.1}' stroke='#eee'/>", y + 4.0, W - 10.0));
+        s.push_str(&format!(
+            "<text x='4' y='{:.1}'>{v:.2}</text><line x1='{PAD}' y1='{y:.1}' x2='{}' y2='{y:.1}' stroke='#eee'/>",
+            y + 4.0,
+            W - 10.0
+        ));
     }
     s.push_str(body);
     s.push_str("</svg>");
@@ -58,7 +62,12 @@ fn bar_chart(title: &str, groups: &[String], series: &[(String, Vec<f64>)], y_ma
             let v = vals.get(g).copied().unwrap_or(0.0);
             let h = (H - PAD - 28.0) * (v / y_max).clamp(0.0, 1.0);
             let x = PAD + g as f64 * gw + gw * 0.1 + k as f64 * bw;
-            body.push_str(&format!("<rect x='{x:.1}' y='{:.1}' width='{:.1}' height='{h:.1}' fill='{}'><title>{v:.3}</title></rect>", H - PAD - h, bw - 2.0, COLORS[k % 4]));
+            body.push_str(&format!(
+                "<rect x='{x:.1}' y='{:.1}' width='{:.1}' height='{h:.1}' fill='{}'><title>{v:.3}</title></rect>",
+                H - PAD - h,
+                bw - 2.0,
+                COLORS[k % 4]
+            ));
         }
         body.push_str(&format!("<text x='{:.1}' y='{}'>{}</text>", PAD + g as f64 * gw + gw * 0.3, H - PAD + 14.0, esc(name)));
     }
@@ -68,7 +77,12 @@ fn bar_chart(title: &str, groups: &[String], series: &[(String, Vec<f64>)], y_ma
     frame(title, &body, y_max)
 }
 
-pub fn html(label: &str, rows: &[EvalRow], history: &[BTreeMap<String, f64>], depth_hist: &BTreeMap<String, BTreeMap<i32, usize>>) -> String {
+pub fn html(
+    label: &str,
+    rows: &[EvalRow],
+    history: &[BTreeMap<String, f64>],
+    depth_hist: &BTreeMap<String, BTreeMap<i32, usize>>,
+) -> String {
     let mut s = format!(
         "<!doctype html><html><head><meta charset='utf-8'><title>rao report — {l}</title><style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f4f4f4}}td:nth-child(-n+3){{text-align:left}}</style></head><body><h1>rao evaluation — {l}</h1>",
         l = esc(label)
@@ -82,7 +96,10 @@ pub fn html(label: &str, rows: &[EvalRow], history: &[BTreeMap<String, f64>], de
     }
     s.push_str("</table><h2>Plots</h2>");
     let col = |k: &str| history.iter().map(|h| h.get(k).copied().unwrap_or(0.0)).collect::<Vec<f64>>();
-    s.push_str(&line_chart("Learning curve (training rollouts)", &[("root success", col("root_success")), ("node success", col("node_success")), ("mean root reward", col("mean_root_reward"))]));
+    s.push_str(&line_chart(
+        "Learning curve (training rollouts)",
+        &[("root success", col("root_success")), ("node success", col("node_success")), ("mean root reward", col("mean_root_reward"))],
+    ));
     let bands: Vec<String> = {
         let mut b: Vec<String> = Vec::new();
         for r in rows {
@@ -103,12 +120,19 @@ pub fn html(label: &str, rows: &[EvalRow], history: &[BTreeMap<String, f64>], de
     };
     let series: Vec<(String, Vec<f64>)> = modes
         .iter()
-        .map(|m| (m.clone(), bands.iter().map(|b| rows.iter().find(|r| &r.mode == m && &r.band == b).map(|r| r.success).unwrap_or(0.0)).collect()))
+        .map(|m| {
+            (
+                m.clone(),
+                bands.iter().map(|b| rows.iter().find(|r| &r.mode == m && &r.band == b).map(|r| r.success).unwrap_or(0.0)).collect(),
+            )
+        })
         .collect();
     s.push_str(&bar_chart("Success by band: flat vs recursive", &bands, &series, 1.0));
-    let depths: Vec<i32> = depth_hist.values().flat_map(|h| h.keys().copied()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let depths: Vec<i32> =
+        depth_hist.values().flat_map(|h| h.keys().copied()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     let labels: Vec<String> = depths.iter().map(|d| format!("depth {d}")).collect();
-    let series: Vec<(String, Vec<f64>)> = depth_hist.iter().map(|(m, h)| (m.clone(), depths.iter().map(|d| h.get(d).copied().unwrap_or(0) as f64).collect())).collect();
+    let series: Vec<(String, Vec<f64>)> =
+        depth_hist.iter().map(|(m, h)| (m.clone(), depths.iter().map(|d| h.get(d).copied().unwrap_or(0) as f64).collect())).collect();
     let y_max = series.iter().flat_map(|(_, v)| v.iter().copied()).fold(1.0, f64::max);
     s.push_str(&bar_chart("Tree depth histogram (trees per max depth)", &labels, &series, y_max));
     s.push_str("</body></html>\n");

@@ -85,7 +85,13 @@ fn default_nodes() -> u32 {
 
 impl Default for LimitParams {
     fn default() -> Self {
-        LimitParams { window: default_window(), step_budget: None, max_depth: default_depth(), max_children: default_children(), max_nodes: default_nodes() }
+        LimitParams {
+            window: default_window(),
+            step_budget: None,
+            max_depth: default_depth(),
+            max_children: default_children(),
+            max_nodes: default_nodes(),
+        }
     }
 }
 
@@ -140,7 +146,16 @@ fn default_group() -> usize {
 }
 
 /// Run `group` trees for every task through one batcher; returns all nodes.
-pub async fn rollout_trees(world: &Arc<World>, tasks: &[rao_envs::textcraft::Task], policy: Arc<dyn Policy>, mode: Mode, group: usize, limits: Limits, meta: RunMeta, seed: u64) -> Vec<Vec<NodeRecord>> {
+pub async fn rollout_trees(
+    world: &Arc<World>,
+    tasks: &[rao_envs::textcraft::Task],
+    policy: Arc<dyn Policy>,
+    mode: Mode,
+    group: usize,
+    limits: Limits,
+    meta: RunMeta,
+    seed: u64,
+) -> Vec<Vec<NodeRecord>> {
     let batcher = Batcher::start(policy);
     let mut trees = Vec::new();
     for (ti, t) in tasks.iter().enumerate() {
@@ -203,21 +218,21 @@ impl TypedStage for Rollout {
 
 /// The policy a rollout-like stage asked for.
 pub async fn make_policy(ctx: &StageContext, world: &Arc<World>, p: &RolloutParams) -> anyhow::Result<Arc<dyn Policy>> {
-            Ok(match p.policy {
-                PolicyKind::Expert => Arc::new(ScriptedExpert {
-                    world: world.clone(),
-                    config: ExpertConfig { max_depth: p.limits.max_depth, delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed },
-                }),
-                PolicyKind::Random => Arc::new(UniformRandom { world: world.clone() }),
-                PolicyKind::Checkpoint => {
-                    anyhow::ensure!(ctx.inputs.contains_key("checkpoint"), "`policy: checkpoint` needs a `checkpoint` input");
-                    let policy = crate::neural::load_policy(ctx, "checkpoint", p.backend).await?;
-                    Arc::new(crate::neural::NeuralPolicy {
-                        policy: Arc::new(policy),
-                        grammar: Arc::new(TextCraftGrammar::new(world, p.limits.max_children as usize)),
-                        world: world.clone(),
-                        temperature: p.temperature,
-                    })
-                }
+    Ok(match p.policy {
+        PolicyKind::Expert => Arc::new(ScriptedExpert {
+            world: world.clone(),
+            config: ExpertConfig { max_depth: p.limits.max_depth, delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed },
+        }),
+        PolicyKind::Random => Arc::new(UniformRandom { world: world.clone() }),
+        PolicyKind::Checkpoint => {
+            anyhow::ensure!(ctx.inputs.contains_key("checkpoint"), "`policy: checkpoint` needs a `checkpoint` input");
+            let policy = crate::neural::load_policy(ctx, "checkpoint", p.backend).await?;
+            Arc::new(crate::neural::NeuralPolicy {
+                policy: Arc::new(policy),
+                grammar: Arc::new(TextCraftGrammar::new(world, p.limits.max_children as usize)),
+                world: world.clone(),
+                temperature: p.temperature,
             })
+        }
+    })
 }

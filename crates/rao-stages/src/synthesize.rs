@@ -68,7 +68,9 @@ fn default_split() -> Split {
 impl WorldSpec {
     pub fn config(&self) -> anyhow::Result<SynthConfig> {
         match self {
-            WorldSpec::Preset(p) => SynthConfig::preset(p).ok_or_else(|| anyhow::anyhow!("unknown world preset `{p}`: use `small` or `full`")),
+            WorldSpec::Preset(p) => {
+                SynthConfig::preset(p).ok_or_else(|| anyhow::anyhow!("unknown world preset `{p}`: use `small` or `full`"))
+            }
             WorldSpec::Config(c) => Ok(c.clone()),
         }
     }
@@ -95,7 +97,12 @@ impl TypedStage for Synthesize {
                     for &band in &p.bands {
                         tasks.extend(textcraft::synthesize(&world, band, p.per_band, p.split == Split::Validation, seed));
                     }
-                    anyhow::ensure!(!tasks.is_empty(), "no tasks: the world has no {} targets in bands {:?}", if p.split == Split::Validation { "held-out" } else { "training" }, p.bands);
+                    anyhow::ensure!(
+                        !tasks.is_empty(),
+                        "no tasks: the world has no {} targets in bands {:?}",
+                        if p.split == Split::Validation { "held-out" } else { "training" },
+                        p.bands
+                    );
                     (world, tasks)
                 }
                 _ => anyhow::bail!("give both `textcraft_dir` and `textcraft_tasks`, or neither"),

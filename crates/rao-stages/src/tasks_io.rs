@@ -23,7 +23,9 @@ pub fn tasks_to_parquet(world: &World, tasks: &[Task]) -> anyhow::Result<Bytes> 
         ("validation", Column::Bool(tasks.iter().map(|t| t.validation).collect())),
         (
             "inventory",
-            Column::Str(names(&|t| serde_json::to_string(&t.inventory.iter().map(|(i, n)| (world.item(*i).name.clone(), *n)).collect::<Vec<_>>()).unwrap())),
+            Column::Str(names(&|t| {
+                serde_json::to_string(&t.inventory.iter().map(|(i, n)| (world.item(*i).name.clone(), *n)).collect::<Vec<_>>()).unwrap()
+            })),
         ),
         ("gold", Column::Str(names(&|t| serde_json::to_string(&t.gold).unwrap()))),
     ])?)
@@ -32,7 +34,9 @@ pub fn tasks_to_parquet(world: &World, tasks: &[Task]) -> anyhow::Result<Bytes> 
 pub fn tasks_from_parquet(world: &World, bytes: Bytes) -> anyhow::Result<Vec<Task>> {
     let mut out = Vec::new();
     for b in read_batches(bytes)? {
-        let s = |n: &str| b.column_by_name(n).map(|c| c.as_string::<i32>().clone()).ok_or_else(|| anyhow::anyhow!("tasks.parquet lacks column `{n}`"));
+        let s = |n: &str| {
+            b.column_by_name(n).map(|c| c.as_string::<i32>().clone()).ok_or_else(|| anyhow::anyhow!("tasks.parquet lacks column `{n}`"))
+        };
         let (id, band, target, inventory, gold) = (s("id")?, s("band")?, s("target")?, s("inventory")?, s("gold")?);
         let count = b.column_by_name("count").unwrap().as_primitive::<Int64Type>().clone();
         let validation = b.column_by_name("validation").unwrap().as_boolean().clone();

@@ -2,8 +2,8 @@
 //! training metrics of the iteration.
 
 use futures::future::BoxFuture;
-use rao_envs::textcraft::grammar::TextCraftGrammar;
 use rao_envs::rng::Rng;
+use rao_envs::textcraft::grammar::TextCraftGrammar;
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use rao_policy::{Backend, Loss};
 use schemars::JsonSchema;
@@ -92,10 +92,13 @@ impl TypedStage for Update {
             for n in &nodes {
                 trees.entry((n.task_id.clone(), n.group)).or_default().push(n.clone());
             }
-            let trees: Vec<Vec<rao_core::NodeRecord>> = trees.into_values().map(|mut t| {
-                t.sort_by_key(|n| n.node_id);
-                t
-            }).collect();
+            let trees: Vec<Vec<rao_core::NodeRecord>> = trees
+                .into_values()
+                .map(|mut t| {
+                    t.sort_by_key(|n| n.node_id);
+                    t
+                })
+                .collect();
             for (k, v) in tree_metrics(&trees) {
                 ctx.set_metric(k, v);
             }

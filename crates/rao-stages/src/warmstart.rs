@@ -119,8 +119,19 @@ fn every() -> usize {
 }
 
 /// Recursive rollout of the learned policy on `tasks`: (node success, root success).
-pub async fn gate_check(world: &Arc<World>, tasks: &[rao_envs::textcraft::Task], policy: Arc<Policy>, limits: &LimitParams, seed: u64) -> (f64, f64) {
-    let neural = Arc::new(NeuralPolicy { policy, grammar: Arc::new(TextCraftGrammar::new(world, limits.max_children as usize)), world: world.clone(), temperature: 1.0 });
+pub async fn gate_check(
+    world: &Arc<World>,
+    tasks: &[rao_envs::textcraft::Task],
+    policy: Arc<Policy>,
+    limits: &LimitParams,
+    seed: u64,
+) -> (f64, f64) {
+    let neural = Arc::new(NeuralPolicy {
+        policy,
+        grammar: Arc::new(TextCraftGrammar::new(world, limits.max_children as usize)),
+        world: world.clone(),
+        temperature: 1.0,
+    });
     let trees = rollout_trees(world, tasks, neural, Mode::Recursive, 1, limits.limits(Mode::Recursive), RunMeta::default(), seed).await;
     let m: std::collections::BTreeMap<_, _> = tree_metrics(&trees).into_iter().collect();
     (m["node_success"], m["root_success"])
@@ -157,7 +168,8 @@ impl TypedStage for Warmstart {
                 if g == 0 {
                     continue;
                 }
-                let trees = rollout_trees(&world, &tasks, expert.clone(), mode, g, p.limits.limits(mode), RunMeta::default(), ctx.seed).await;
+                let trees =
+                    rollout_trees(&world, &tasks, expert.clone(), mode, g, p.limits.limits(mode), RunMeta::default(), ctx.seed).await;
                 seqs.extend(trees.iter().flatten().map(|n| node_sequence(n, &world.vocab, 1.0)).filter(|s| s.generated.iter().any(|g| *g)));
             }
             anyhow::ensure!(!seqs.is_empty(), "the expert produced no demonstrations");
@@ -175,17 +187,16 @@ impl TypedStage for Warmstart {
             'train: loop {
                 rng.shuffle(&mut seqs);
                 for chunk in seqs.chunks(p.batch.max(1)) {
-                    let batch: Vec<Sequence> = if p.demos.rename_items {
-                        chunk.iter().map(|s| renamed(&world, s, &mut rng)).collect()
-                    } else {
-                        chunk.to_vec()
-                    };
+                    let batch: Vec<Sequence> =
+                        if p.demos.rename_items { chunk.iter().map(|s| renamed(&world, s, &mut rng)).collect() } else { chunk.to_vec() };
                     loss = policy.train_step(&batch, &grammar, Loss::Supervised, p.lr, 1.0).loss;
                     step += 1;
                     if step % p.eval_every.max(1) == 0 || step >= p.max_steps {
                         let snapshot = Arc::new(Policy::from_checkpoint(&policy.checkpoint(), p.backend)?);
                         (node_success, root_success) = gate_check(&world, &gate_tasks, snapshot, &p.limits, ctx.seed).await;
-                        lines.push_str(&format!("step {step} loss {loss:.4} gate node_success {node_success:.3} root_success {root_success:.3}\n"));
+                        lines.push_str(&format!(
+                            "step {step} loss {loss:.4} gate node_success {node_success:.3} root_success {root_success:.3}\n"
+                        ));
                         std::fs::write(&log, &lines)?;
                         if node_success >= p.gate.min_node_success || step >= p.max_steps {
                             break 'train;

@@ -18,7 +18,17 @@ async fn trees_and_tasks_open_in_pyarrow_and_duckdb() {
     let world = Arc::new(textcraft::generate(&SynthConfig::small(), 3));
     let tasks = textcraft::synthesize(&world, Band::Medium, 5, false, 2);
     let policy = Arc::new(ScriptedExpert { world: world.clone(), config: ExpertConfig::default() });
-    let trees = rollout_trees(&world, &tasks, policy, Mode::Recursive, 2, Limits::recursive(96), RunMeta { run: "t".into(), iteration: 3, env: "textcraft".into() }, 1).await;
+    let trees = rollout_trees(
+        &world,
+        &tasks,
+        policy,
+        Mode::Recursive,
+        2,
+        Limits::recursive(96),
+        RunMeta { run: "t".into(), iteration: 3, env: "textcraft".into() },
+        1,
+    )
+    .await;
     let nodes: Vec<_> = trees.into_iter().flatten().collect();
     let dir = tempfile::tempdir().unwrap();
     let trees_path = dir.path().join("trees.parquet");

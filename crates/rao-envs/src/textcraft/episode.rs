@@ -263,7 +263,11 @@ impl Episode for TextCraftEpisode {
                 if goals.iter().any(|g| Some(*g) == own) {
                     return StepOutput::observe(self.refusal(Refusal::SelfSpawn));
                 }
-                StepOutput { step: Step::Spawn(goals.iter().map(|&(i, n)| lang.item_count(i, n)).collect()), counters: vec![], result: None }
+                StepOutput {
+                    step: Step::Spawn(goals.iter().map(|&(i, n)| lang.item_count(i, n)).collect()),
+                    counters: vec![],
+                    result: None,
+                }
             }
         }
     }

@@ -160,4 +160,3 @@ pub fn random_action(world: &World, recursive: bool, rng: &mut Rng) -> Vec<Tok> 
     };
     lang.encode(&action)
 }
-

@@ -59,7 +59,11 @@ fn load_world_with(dir: &Path, extra_items: &[String]) -> Result<World, LoadErro
     if dir.join("tags").is_dir() {
         for f in sorted_json_files(&dir.join("tags"))? {
             let v = read_json(&f)?;
-            let first = v["values"].as_array().and_then(|a| a.first()).and_then(|x| x.as_str()).ok_or_else(|| bad(&f, "a tag file needs a non-empty `values` list"))?;
+            let first = v["values"]
+                .as_array()
+                .and_then(|a| a.first())
+                .and_then(|x| x.as_str())
+                .ok_or_else(|| bad(&f, "a tag file needs a non-empty `values` list"))?;
             let name = f.file_stem().unwrap().to_string_lossy().to_string();
             tags.insert(format!("minecraft:{name}"), first.to_string());
             tags.insert(name, first.to_string());
@@ -193,7 +197,8 @@ fn pairs(v: &Value) -> Vec<(String, u64)> {
 /// Load a JSONL task file for `world`. Gold trajectories become action texts.
 pub fn load_tasks(world: &World, path: &Path) -> Result<Vec<Task>, LoadError> {
     let text = std::fs::read_to_string(path).map_err(|e| LoadError::Io { path: path.display().to_string(), source: e })?;
-    let find = |name: &str, line: usize| world.by_name(&item_text(name)).ok_or_else(|| bad(path, format!("line {line}: unknown item `{name}`")));
+    let find =
+        |name: &str, line: usize| world.by_name(&item_text(name)).ok_or_else(|| bad(path, format!("line {line}: unknown item `{name}`")));
     let mut tasks = Vec::new();
     for (ln, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let v: Value = serde_json::from_str(line).map_err(|e| bad(path, format!("line {}: {e}", ln + 1)))?;

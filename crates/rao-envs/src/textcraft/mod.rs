@@ -1,8 +1,8 @@
 //! TextCraft: crafting tasks that decompose into parallel sub-tasks (ENVIRONMENTS.md §1).
 
 pub mod episode;
-pub mod grammar;
 pub mod expert;
+pub mod grammar;
 pub mod minecraft;
 pub mod tasks;
 pub mod world;

@@ -12,8 +12,8 @@ pub type ItemId = u32;
 
 /// Words of the action language (after the shared specials).
 pub const LANGUAGE: &[&str] = &[
-    "<rec>", "<flat>", "info", "craft", "inv", "finish", "spawn", ",", "ok", "fail", "err", "base", "have", "x", "need",
-    "syntax", "depth", "children", "nodes", "self", "unknown", "empty", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
+    "<rec>", "<flat>", "info", "craft", "inv", "finish", "spawn", ",", "ok", "fail", "err", "base", "have", "x", "need", "syntax", "depth",
+    "children", "nodes", "self", "unknown", "empty", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
 ];
 
 /// Depth tokens for the prompt (`@0` = root).
@@ -254,7 +254,11 @@ fn synth_vocab(cfg: &SynthConfig) -> Vocab {
         words.push(CROSS.into());
     }
     words.extend((0..=cfg.max_tier).map(|t| format!("t{t}")));
-    let max_idx = (0..=cfg.max_tier).map(|t| if t == 0 { cfg.base_per_domain } else { cfg.per_tier(t) }).max().unwrap_or(1).max(cfg.cross_domain_per_tier);
+    let max_idx = (0..=cfg.max_tier)
+        .map(|t| if t == 0 { cfg.base_per_domain } else { cfg.per_tier(t) })
+        .max()
+        .unwrap_or(1)
+        .max(cfg.cross_domain_per_tier);
     words.extend((0..max_idx).map(|i| format!("i{i}")));
     Vocab::new(words.iter().map(|s| s.as_str()))
 }
@@ -316,7 +320,8 @@ fn make_recipe(cfg: &SynthConfig, t: u32, domains: &[&Vec<Vec<ItemId>>], rng: &m
         _ => 4,
     };
     let want = (base_count + rng.range(0, (t / 3).min(2) as u64) as u32).min(6).min(cfg.max_ingredients);
-    let tier_items = |tier: u32| -> Vec<(ItemId, u32)> { domains.iter().flat_map(|d| d[tier as usize].iter().map(move |&i| (i, tier))).collect() };
+    let tier_items =
+        |tier: u32| -> Vec<(ItemId, u32)> { domains.iter().flat_map(|d| d[tier as usize].iter().map(move |&i| (i, tier))).collect() };
     // One ingredient from t−1 makes the item's depth exactly t.
     let near = tier_items(t - 1);
     let mut chosen: Vec<ItemId> = vec![near[rng.below(near.len())].0];
@@ -338,10 +343,7 @@ fn make_recipe(cfg: &SynthConfig, t: u32, domains: &[&Vec<Vec<ItemId>>], rng: &m
             chosen.push(pick);
         }
     }
-    let ingredients = chosen
-        .into_iter()
-        .map(|i| (i, if cfg.unit_amounts || t > 4 { 1 } else { rng.range(1, 2) as u32 }))
-        .collect();
+    let ingredients = chosen.into_iter().map(|i| (i, if cfg.unit_amounts || t > 4 { 1 } else { rng.range(1, 2) as u32 })).collect();
     let result_count = if cfg.unit_amounts {
         1
     } else {
