@@ -689,11 +689,17 @@ fn subst_str(
 ) -> Result<Value, Diagnostic> {
     let lookup = |key: &str| -> Result<Option<Value>, Diagnostic> {
         if let Some(p) = key.strip_prefix("params.") {
-            return match spec.params.get(p) {
-                Some(v) => Ok(Some(v.value.clone())),
-                None => Err(Diagnostic::new(pos, format!("`${{{key}}}`: no global param `{p}`"))
-                    .help(did_you_mean(p, spec.params.keys()).unwrap_or_else(|| "define it under the top-level `params:`".into()))),
+            // `params.a.b` descends into mappings.
+            let mut parts = p.split('.');
+            let first = parts.next().unwrap_or("");
+            let Some(mut v) = spec.params.get(first).map(|v| &v.value) else {
+                return Err(Diagnostic::new(pos, format!("`${{{key}}}`: no global param `{first}`"))
+                    .help(did_you_mean(first, spec.params.keys()).unwrap_or_else(|| "define it under the top-level `params:`".into())));
             };
+            for part in parts {
+                v = v.get(part).ok_or_else(|| Diagnostic::new(pos, format!("`${{{key}}}`: `{part}` not found")))?;
+            }
+            return Ok(Some(v.clone()));
         }
         if let Some(m) = key.strip_prefix("matrix.") {
             return match matrix.get(m) {

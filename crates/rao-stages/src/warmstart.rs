@@ -75,6 +75,9 @@ pub struct WarmstartParams {
     pub limits: LimitParams,
     #[serde(default = "lr")]
     pub lr: f64,
+    /// The learning rate decays linearly to `lr × lr_final` at `max_steps`.
+    #[serde(default = "lr_final")]
+    pub lr_final: f64,
     /// Sequences per step.
     #[serde(default = "batch")]
     pub batch: usize,
@@ -108,6 +111,9 @@ fn yes() -> bool {
 fn lr() -> f64 {
     2e-3
 }
+fn lr_final() -> f64 {
+    0.1
+}
 fn batch() -> usize {
     64
 }
@@ -135,6 +141,19 @@ pub async fn gate_check(
     let trees = rollout_trees(world, tasks, neural, Mode::Recursive, 1, limits.limits(Mode::Recursive), RunMeta::default(), seed).await;
     let m: std::collections::BTreeMap<_, _> = tree_metrics(&trees).into_iter().collect();
     (m["node_success"], m["root_success"])
+}
+
+/// One epoch of minibatches: shuffled, then grouped with sequences of similar length (less
+/// padding, same data), in shuffled batch order.
+pub fn length_bucketed(seqs: &mut [Sequence], batch: usize, rng: &mut Rng) -> Vec<Vec<Sequence>> {
+    rng.shuffle(seqs);
+    let mut batches = Vec::new();
+    for mega in seqs.chunks_mut(batch * 8) {
+        mega.sort_by_key(|s| s.tokens.len());
+        batches.extend(mega.chunks(batch).map(|c| c.to_vec()));
+    }
+    rng.shuffle(&mut batches);
+    batches
 }
 
 /// A demonstration with its items renamed (names keep their token counts, so masks still line up).
@@ -185,18 +204,20 @@ impl TypedStage for Warmstart {
             std::fs::create_dir_all(&ctx.scratch)?;
             let mut lines = String::new();
             'train: loop {
-                rng.shuffle(&mut seqs);
-                for chunk in seqs.chunks(p.batch.max(1)) {
-                    let batch: Vec<Sequence> =
-                        if p.demos.rename_items { chunk.iter().map(|s| renamed(&world, s, &mut rng)).collect() } else { chunk.to_vec() };
-                    loss = policy.train_step(&batch, &grammar, Loss::Supervised, p.lr, 1.0).loss;
+                for chunk in length_bucketed(&mut seqs, p.batch.max(1), &mut rng) {
+                    let batch: Vec<Sequence> = if p.demos.rename_items {
+                        chunk.iter().map(|s| renamed(&world, s, &mut rng)).collect()
+                    } else {
+                        chunk
+                    };
+                    let frac = step as f64 / p.max_steps.max(1) as f64;
+                    let lr = p.lr * (1.0 - frac * (1.0 - p.lr_final));
+                    loss = policy.train_step(&batch, &grammar, Loss::Supervised, lr, 1.0).loss;
                     step += 1;
                     if step % p.eval_every.max(1) == 0 || step >= p.max_steps {
                         let snapshot = Arc::new(Policy::from_checkpoint(&policy.checkpoint(), p.backend)?);
                         (node_success, root_success) = gate_check(&world, &gate_tasks, snapshot, &p.limits, ctx.seed).await;
-                        lines.push_str(&format!(
-                            "step {step} loss {loss:.4} gate node_success {node_success:.3} root_success {root_success:.3}\n"
-                        ));
+                        lines.push_str(&format!("step {step} loss {loss:.4} gate node_success {node_success:.3} root_success {root_success:.3}\n"));
                         std::fs::write(&log, &lines)?;
                         if node_success >= p.gate.min_node_success || step >= p.max_steps {
                             break 'train;

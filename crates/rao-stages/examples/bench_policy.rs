@@ -1,0 +1,80 @@
+//! Policy speed on this CPU: batched generation (1 vs 64 live nodes) and the update step, with
+//! the FLOP rate reached as a fraction of a measured matmul peak.
+//! Run: cargo run --example bench_policy -p rao-stages [-- D_MODEL LAYERS]
+
+use std::time::Instant;
+
+use burn::tensor::{Tensor, TensorData};
+use rao_envs::textcraft::{self, SynthConfig, grammar::TextCraftGrammar};
+use rao_envs::vocab::Tok;
+use rao_policy::{Backend, Loss, ModelConfig, Policy, SampleRequest, Sequence};
+
+fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let d = args.first().copied().unwrap_or(64);
+    let layers = args.get(1).copied().unwrap_or(2);
+    let world = textcraft::generate(&SynthConfig::small(), 1);
+    let grammar = TextCraftGrammar::new(&world, 8);
+    let cfg = ModelConfig { vocab: world.vocab.len(), d_model: d, n_layers: layers, n_heads: 4, d_ff: 3 * d, rope_theta: 10_000.0 };
+    let mut policy = Policy::new(cfg.clone(), Backend::Cpu, 1).unwrap();
+    println!("model: d={d} layers={layers} params={}", policy.model.num_params());
+    let v = &world.vocab;
+    let item = world.items.iter().find(|i| i.tier == 3).unwrap();
+    let prompt: Vec<Tok> = [vec![v.id("<bos>"), v.id("<rec>"), v.id("@0")], item.tokens.clone()].concat();
+
+    // Generation.
+    let mut base = 0.0;
+    for batch in [1usize, 64] {
+        let reqs: Vec<SampleRequest> = (0..batch).map(|i| SampleRequest { context: prompt.clone(), max_new_tokens: 40, seed: i as u64, recursive: true }).collect();
+        let (mut toks, t0) = (0usize, Instant::now());
+        let mut reps = 0;
+        while t0.elapsed().as_secs_f64() < 2.0 {
+            toks += policy.sample(&reqs, &grammar, 1.0).iter().map(|(t, _)| t.len()).sum::<usize>();
+            reps += 1;
+        }
+        let tps = toks as f64 / t0.elapsed().as_secs_f64();
+        if batch == 1 {
+            base = tps;
+        }
+        println!("generate  batch {batch:>3}: {tps:>9.0} tokens/s ({reps} calls; {:.1}× batch 1)", tps / base);
+    }
+
+    // Update step: 64 sequences of 64 tokens, half generated.
+    let seqs: Vec<Sequence> = (0..64)
+        .map(|i| {
+            let mut tokens = prompt.clone();
+            while tokens.len() < 64 {
+                tokens.extend(&item.tokens);
+            }
+            tokens.truncate(64);
+            let generated: Vec<bool> = (0..64).map(|j| j >= 32).collect();
+            Sequence { tokens, generated, old_logprobs: vec![-1.0; 64], advantage: if i % 2 == 0 { 1.0 } else { -1.0 }, recursive: true }
+        })
+        .collect();
+    let loss = Loss::Cispo { lo: 0.0, hi: 5.0 };
+    policy.train_step(&seqs, &grammar, loss, 1e-4, 1.0); // warm-up
+    let t0 = Instant::now();
+    let steps = 10;
+    for _ in 0..steps {
+        policy.train_step(&seqs, &grammar, loss, 1e-4, 1.0);
+    }
+    let per_step = t0.elapsed().as_secs_f64() / steps as f64;
+    let tokens = 64.0 * 63.0;
+    // Forward ≈ 2·params·tokens + attention 4·L·T²·d per sequence; backward ≈ 2× forward.
+    let flops = 3.0 * (2.0 * policy.model.num_params() as f64 * tokens + 4.0 * layers as f64 * 64.0 * 63.0 * 63.0 * d as f64);
+    println!("update    64×64 tokens: {:.1} ms/step, {:.0} tokens/s, {:.2} GFLOP/s", per_step * 1e3, tokens / per_step, flops / per_step / 1e9);
+
+    // Matmul peak on this machine (Burn, same backend).
+    let dev = burn::tensor::Device::flex();
+    let n = 512;
+    let a = Tensor::<2>::from_data(TensorData::new(vec![0.5f32; n * n], [n, n]), &dev);
+    let b = Tensor::<2>::from_data(TensorData::new(vec![0.25f32; n * n], [n, n]), &dev);
+    let _ = a.clone().matmul(b.clone()).into_data();
+    let t0 = Instant::now();
+    let reps = 20;
+    for _ in 0..reps {
+        let _ = a.clone().matmul(b.clone()).into_data();
+    }
+    let peak = 2.0 * (n * n * n) as f64 * reps as f64 / t0.elapsed().as_secs_f64() / 1e9;
+    println!("matmul 512³ peak: {peak:.1} GFLOP/s → update step reaches {:.0}% of it", 100.0 * flops / per_step / 1e9 / peak);
+}
