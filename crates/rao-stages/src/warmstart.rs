@@ -34,6 +34,10 @@ pub struct DemoParams {
     /// Probability of a useless action at each step.
     #[serde(default = "tenth")]
     pub noise: f64,
+    /// Flat demonstrations only for targets up to this tier (deeper flat demos overflow the
+    /// window and cost long sequences); absent: all tasks.
+    #[serde(default)]
+    pub flat_max_tier: Option<u32>,
     /// Rename items at random (consistently within each sequence) every time a demonstration is
     /// used, so the policy learns to read and copy names rather than memorise them.
     #[serde(default = "yes")]
@@ -42,7 +46,7 @@ pub struct DemoParams {
 
 impl Default for DemoParams {
     fn default() -> Self {
-        DemoParams { recursive_trees: 2, flat_trees: 1, delegate: 0.5, noise: 0.1, rename_items: true }
+        DemoParams { recursive_trees: 2, flat_trees: 1, delegate: 0.5, noise: 0.1, flat_max_tier: None, rename_items: true }
     }
 }
 
@@ -83,6 +87,10 @@ pub struct WarmstartParams {
     pub batch: usize,
     #[serde(default = "max_steps")]
     pub max_steps: usize,
+    /// Group sequences of similar length into batches (faster, but batches of only long or only
+    /// short sequences train worse here: off by default).
+    #[serde(default)]
+    pub bucket_by_length: bool,
     /// Check the gate every this many steps (and stop once it passes).
     #[serde(default = "every")]
     pub eval_every: usize,
@@ -204,7 +212,13 @@ impl TypedStage for Warmstart {
             std::fs::create_dir_all(&ctx.scratch)?;
             let mut lines = String::new();
             'train: loop {
-                for chunk in length_bucketed(&mut seqs, p.batch.max(1), &mut rng) {
+                let batches = if p.bucket_by_length {
+                    length_bucketed(&mut seqs, p.batch.max(1), &mut rng)
+                } else {
+                    rng.shuffle(&mut seqs);
+                    seqs.chunks(p.batch.max(1)).map(|c| c.to_vec()).collect()
+                };
+                for chunk in batches {
                     let batch: Vec<Sequence> = if p.demos.rename_items {
                         chunk.iter().map(|s| renamed(&world, s, &mut rng)).collect()
                     } else {
