@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{Notify, oneshot};
 
 use crate::policy::{Policy, Request, Response};
 
@@ -28,11 +28,19 @@ struct State {
     rounds: Vec<usize>,
 }
 
+/// Whose turn it is, and who waits for a later one (each waiter is woken alone: no herd).
+struct Turns {
+    current: u64,
+    waiters: std::collections::HashMap<u64, oneshot::Sender<()>>,
+}
+
 struct Inner {
     policy: Arc<dyn Policy>,
     state: Mutex<State>,
     changed: Notify,
-    turn: watch::Sender<u64>,
+    turns: Mutex<Turns>,
+    /// Wakes the driver when a turn ends.
+    turn_ended: Notify,
 }
 
 /// A handle shared by every node task.
@@ -44,12 +52,12 @@ pub struct Batcher {
 impl Batcher {
     /// Start the round driver on the current tokio runtime.
     pub fn start(policy: Arc<dyn Policy>) -> Batcher {
-        let (turn, _) = watch::channel(0u64);
         let inner = Arc::new(Inner {
             policy,
             state: Mutex::new(State { active: 0, pending: Vec::new(), closed: false, rounds: Vec::new() }),
             changed: Notify::new(),
-            turn,
+            turns: Mutex::new(Turns { current: 0, waiters: Default::default() }),
+            turn_ended: Notify::new(),
         });
         tokio::spawn(drive(inner.clone()));
         Batcher { inner }
@@ -83,12 +91,26 @@ impl Batcher {
 
     /// Wait until it is this ticket's turn to touch the world.
     pub async fn wait_turn(&self, ticket: u64) {
-        let mut rx = self.inner.turn.subscribe();
-        rx.wait_for(|t| *t == ticket).await.expect("turn channel closed");
+        let rx = {
+            let mut t = self.inner.turns.lock().unwrap();
+            if t.current == ticket {
+                return;
+            }
+            let (tx, rx) = oneshot::channel();
+            t.waiters.insert(ticket, tx);
+            rx
+        };
+        rx.await.expect("turn waiter dropped");
     }
 
     pub fn end_turn(&self, ticket: u64) {
-        self.inner.turn.send_replace(ticket + 1);
+        let mut t = self.inner.turns.lock().unwrap();
+        t.current = ticket + 1;
+        if let Some(next) = t.waiters.remove(&(ticket + 1)) {
+            let _ = next.send(());
+        }
+        drop(t);
+        self.inner.turn_ended.notify_one();
     }
 
     /// Stop the driver once no node is active.
@@ -134,7 +156,12 @@ async fn drive(inner: Arc<Inner>) {
         }
         next_ticket += n;
         // The round ends when every node of it has taken its turn.
-        let mut rx = inner.turn.subscribe();
-        let _ = rx.wait_for(|t| *t >= next_ticket).await;
+        loop {
+            let ended = inner.turn_ended.notified();
+            if inner.turns.lock().unwrap().current >= next_ticket {
+                break;
+            }
+            ended.await;
+        }
     }
 }
