@@ -22,14 +22,23 @@ fn main() {
     let item = world.items.iter().find(|i| i.tier == 3).unwrap();
     let prompt: Vec<Tok> = [vec![v.id("<bos>"), v.id("<rec>"), v.id("@0")], item.tokens.clone()].concat();
 
-    // Generation.
+    // Generation: every row makes exactly 16 tokens then `<eos>` (an untrained model's own actions
+    // have random lengths, which would measure the lengths, not the sampler).
+    struct Fixed(usize, Vec<Tok>);
+    impl rao_envs::grammar::Grammar for Fixed {
+        fn allowed(&self, _: bool, prefix: &[Tok]) -> Vec<Tok> {
+            if prefix.len() >= 16 { vec![rao_envs::vocab::EOS] } else { self.1.clone() }
+        }
+    }
+    let fixed = Fixed(world.vocab.len(), (4..world.vocab.len() as Tok).collect());
+    let _ = fixed.0;
     let mut base = 0.0;
     for batch in [1usize, 64] {
         let reqs: Vec<SampleRequest> = (0..batch).map(|i| SampleRequest { context: prompt.clone(), max_new_tokens: 40, seed: i as u64, recursive: true }).collect();
         let (mut toks, t0) = (0usize, Instant::now());
         let mut reps = 0;
         while t0.elapsed().as_secs_f64() < 2.0 {
-            toks += policy.sample(&reqs, &grammar, 1.0).iter().map(|(t, _)| t.len()).sum::<usize>();
+            toks += policy.sample(&reqs, &fixed, 1.0).iter().map(|(t, _)| t.len()).sum::<usize>();
             reps += 1;
         }
         let tps = toks as f64 / t0.elapsed().as_secs_f64();
