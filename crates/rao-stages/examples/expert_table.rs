@@ -1,0 +1,39 @@
+//! The scripted expert's success per band, mode and window, for the small and the full world.
+//! Run: cargo run --example expert_table -p rao-stages
+
+use std::sync::Arc;
+
+use rao_agent::{Limits, RunMeta, ScriptedExpert};
+use rao_envs::textcraft::{self, Band, ExpertConfig, SynthConfig};
+use rao_stages::rollout::{Mode, rollout_trees};
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    for (name, cfg, windows) in [("small", SynthConfig::small(), vec![96usize, 640]), ("full", SynthConfig::full(), vec![256usize, 1024, 8192])] {
+        let world = Arc::new(textcraft::generate(&cfg, 1));
+        for w in windows {
+            for mode in [Mode::Recursive, Mode::Flat] {
+                let mut line = format!("{name:<5} W={w:<5} {:<9}", if mode == Mode::Recursive { "recursive" } else { "flat" });
+                for band in Band::ALL {
+                    let tasks = textcraft::synthesize(&world, band, 20, true, 7);
+                    if tasks.is_empty() {
+                        continue;
+                    }
+                    let policy = Arc::new(ScriptedExpert { world: world.clone(), config: ExpertConfig::default() });
+                    let limits = if mode == Mode::Recursive { Limits { max_nodes: 4096, ..Limits::recursive(w) } } else { Limits::flat(w) };
+                    let trees = rollout_trees(&world, &tasks, policy, mode, 1, limits, RunMeta::default(), 1).await;
+                    let ok = trees.iter().filter(|t| t[0].score >= 1.0).count() as f64 / trees.len() as f64;
+                    let nodes = trees.iter().map(|t| t.len()).sum::<usize>() as f64 / trees.len() as f64;
+                    let why = {
+                        let mut s: Vec<&str> = trees.iter().filter(|t| t[0].score < 1.0).flat_map(|t| t.iter().map(|n| n.status.as_str())).filter(|s| *s != "finished").collect();
+                        s.sort();
+                        s.dedup();
+                        s.join("/")
+                    };
+                    line.push_str(&format!("  {}={ok:.2} ({nodes:.0} nodes{})", band.name(), if why.is_empty() { String::new() } else { format!(", {why}") }));
+                }
+                println!("{line}");
+            }
+        }
+    }
+}
