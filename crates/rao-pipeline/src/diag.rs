@@ -50,7 +50,7 @@ impl fmt::Display for Diagnostics {
 fn render_one(f: &mut fmt::Formatter, file: &str, source: &str, d: &Diagnostic) -> fmt::Result {
     writeln!(f, "error: {}", d.message)?;
     if d.pos.line == 0 {
-        writeln!(f, "  --> {file} (from --set)")?;
+        writeln!(f, "  --> {file}")?;
     } else {
         writeln!(f, "  --> {file}:{}:{}", d.pos.line, d.pos.column)?;
         if let Some(line) = source.lines().nth(d.pos.line as usize - 1) {
