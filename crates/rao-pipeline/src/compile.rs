@@ -526,25 +526,7 @@ impl<'a> Checker<'a> {
 
     fn check_cycles(&mut self, stages: &OrderedMap<StageSpec>, scope: &str) {
         let names: Vec<&str> = stages.keys().collect();
-        let mut g = DiGraph::<usize, ()>::new();
-        let nodes: Vec<NodeIndex> = (0..names.len()).map(|i| g.add_node(i)).collect();
-        for (i, (_, s)) in stages.iter().enumerate() {
-            let mut refs: Vec<&str> = s.inputs.iter().flat_map(|(_, r)| r.value.refs()).collect();
-            if let Some(l) = &s.loop_ {
-                refs.extend(l.init.iter().map(|(_, r)| r.value.as_str()));
-                // Body stages that read outer stages make the loop depend on them.
-                refs.extend(s.stages.iter().flat_map(|(_, b)| b.inputs.iter().flat_map(|(_, r)| r.value.refs())));
-            }
-            for r in refs {
-                if let Some((st, _)) = r.split_once('.') {
-                    if let Some(j) = names.iter().position(|n| *n == st) {
-                        if j != i {
-                            g.add_edge(nodes[j], nodes[i], ());
-                        }
-                    }
-                }
-            }
-        }
+        let (g, _) = scope_graph(stages);
         for scc in petgraph::algo::tarjan_scc(&g) {
             if scc.len() > 1 {
                 let mut members: Vec<usize> = scc.iter().map(|n| g[*n]).collect();
@@ -912,8 +894,9 @@ struct LoopCtx<'a> {
     body: &'a BTreeMap<String, Vec<usize>>,
 }
 
-/// Stage entries of one scope in an order where every referenced stage comes first.
-fn top_order(stages: &OrderedMap<StageSpec>) -> Vec<usize> {
+/// The dependency graph of the stage entries of one scope (node i = entry i). A loop depends on
+/// what its `init` and its body stages read from the scope.
+fn scope_graph(stages: &OrderedMap<StageSpec>) -> (DiGraph<usize, ()>, Vec<NodeIndex>) {
     let names: Vec<&str> = stages.keys().collect();
     let mut g = DiGraph::<usize, ()>::new();
     let nodes: Vec<NodeIndex> = (0..names.len()).map(|i| g.add_node(i)).collect();
@@ -931,6 +914,13 @@ fn top_order(stages: &OrderedMap<StageSpec>) -> Vec<usize> {
             }
         }
     }
+    (g, nodes)
+}
+
+/// Stage entries of one scope in an order where every referenced stage comes first.
+fn top_order(stages: &OrderedMap<StageSpec>) -> Vec<usize> {
+    let names: Vec<&str> = stages.keys().collect();
+    let (g, nodes) = scope_graph(stages);
     // Stable: among ready entries, file order first.
     let mut indeg: Vec<usize> = nodes.iter().map(|n| g.neighbors_directed(*n, petgraph::Direction::Incoming).count()).collect();
     let mut out = Vec::new();
