@@ -128,6 +128,18 @@ impl Store {
     }
 
     pub async fn get(&self, key: &str) -> StoreResult<Bytes> {
+        // A local store is read directly: object_store hops to a blocking thread per read, which
+        // dominates a fully cached run of many small stages.
+        if let Some(path) = self.local_path(key) {
+            return match std::fs::read(&path) {
+                Ok(b) => Ok(Bytes::from(b)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::Object {
+                    key: key.to_string(),
+                    source: object_store::Error::NotFound { path: path.display().to_string(), source: Box::new(e) },
+                }),
+                Err(e) => Err(StoreError::Local { path: path.display().to_string(), source: e }),
+            };
+        }
         let map = |e| StoreError::Object { key: key.to_string(), source: e };
         self.inner.get(&self.path(key)).await.map_err(map)?.bytes().await.map_err(map)
     }
