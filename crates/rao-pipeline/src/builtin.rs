@@ -74,7 +74,6 @@ fn env_name(prefix: &str, name: &str) -> String {
 
 async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
     let p: ShellParams = ctx.params_as()?;
-    std::fs::create_dir_all(&ctx.scratch)?;
     let mut command = p.command.clone();
     let mut cmd = tokio::process::Command::new("sh");
     for (name, artifacts) in &ctx.inputs {
@@ -104,9 +103,6 @@ async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
         // A timeout or Ctrl-C drops this future: the child must not outlive it.
         .kill_on_drop(true);
     let out = cmd.spawn()?.wait_with_output().await?;
-    let log =
-        format!("$ {command}\n--- stdout\n{}--- stderr\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    std::fs::write(ctx.scratch.join("shell.log"), &log)?;
     if !out.status.success() {
         let tail: String =
             String::from_utf8_lossy(&out.stderr).lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
