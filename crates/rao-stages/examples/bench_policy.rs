@@ -17,7 +17,7 @@ fn main() {
     let grammar = TextCraftGrammar::new(&world, 8);
     let cfg = ModelConfig { vocab: world.vocab.len(), d_model: d, n_layers: layers, n_heads: 4, d_ff: 3 * d, rope_theta: 10_000.0 };
     let mut policy = Policy::new(cfg.clone(), Backend::Cpu, 1).unwrap();
-    println!("model: d={d} layers={layers} params={}", policy.model.num_params());
+    println!("model: d={d} layers={layers} params={} vocab={}", policy.model.num_params(), cfg.vocab);
     let v = &world.vocab;
     let item = world.items.iter().find(|i| i.tier == 3).unwrap();
     let prompt: Vec<Tok> = [vec![v.id("<bos>"), v.id("<rec>"), v.id("@0")], item.tokens.clone()].concat();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use rao_agent::{Limits, RunMeta, ScriptedExpert};
 use rao_envs::textcraft::{self, Band, ExpertConfig, SynthConfig};
-use rao_stages::rollout::{Mode, rollout_trees};
+use rao_stages::rollout::{Mode, rollout_trees, tree_metrics};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -35,5 +35,22 @@ async fn main() {
                 println!("{line}");
             }
         }
+    }
+    // The warm start's demonstrator (imperfect strategy: delegates half the time, noise actions)
+    // on the main job's budgets: the ceiling of what imitating it can reach.
+    let world = Arc::new(textcraft::generate(&SynthConfig::small(), 1));
+    let shallow = textcraft::synthesize_tiers(&world, "tiers1-2", (1, 2), 3, 64, true, 12);
+    let easy = textcraft::synthesize(&world, Band::Easy, 64, true, 12);
+    let limits = Limits { max_depth: 6, max_children: 4, max_nodes: 128, ..Limits::recursive(96) };
+    for (delegate, noise) in [(1.0, 0.0), (0.5, 0.0), (0.5, 0.05)] {
+        let mut line = format!("demonstrator delegate={delegate} noise={noise} W=96:");
+        for (name, tasks) in [("shallow(t1-2)", &shallow), ("easy", &easy)] {
+            let config = ExpertConfig { max_depth: 6, delegate, noise, seed: 3 };
+            let policy = Arc::new(ScriptedExpert { world: world.clone(), config });
+            let trees = rollout_trees(&world, tasks, policy, Mode::Recursive, 1, limits.clone(), RunMeta::default(), 1).await;
+            let m: std::collections::BTreeMap<_, _> = tree_metrics(&trees).into_iter().collect();
+            line.push_str(&format!("  {name} node={:.2} root={:.2}", m["node_success"], m["root_success"]));
+        }
+        println!("{line}");
     }
 }

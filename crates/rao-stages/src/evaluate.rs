@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use futures::future::BoxFuture;
 use rao_core::NodeRecord;
 use rao_core::parquet_io::{Column, table_to_parquet};
-use rao_envs::textcraft::Band;
+use rao_envs::textcraft::{Band, Task};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -83,6 +83,23 @@ pub fn wilson(successes: usize, n: usize) -> (f64, f64) {
     ((centre - half).max(0.0), (centre + half).min(1.0))
 }
 
+/// The row a task is reported under: its band, or for tasks drawn by tier range the label of
+/// the draw (ids are `{label}-{split}-{k}`).
+pub fn task_group(task: &Task) -> String {
+    match task.band {
+        Some(b) => b.name().to_string(),
+        None => task.id.rsplitn(3, '-').last().unwrap_or(&task.id).to_string(),
+    }
+}
+
+/// Report groups present in `tasks`: bands in difficulty order, then other labels sorted.
+fn task_groups(tasks: &[Task]) -> Vec<String> {
+    let present: std::collections::BTreeSet<String> = tasks.iter().map(task_group).collect();
+    let mut out: Vec<String> = Band::ALL.iter().map(|b| b.name().to_string()).filter(|b| present.contains(b)).collect();
+    out.extend(present.into_iter().filter(|g| Band::parse(g).is_none()));
+    out
+}
+
 pub fn summarize(label: &str, mode: &str, band: &str, trees: &[&Vec<NodeRecord>]) -> EvalRow {
     let n = trees.len();
     let ok = trees.iter().filter(|t| t[0].score >= 1.0).count();
@@ -143,10 +160,10 @@ impl TypedStage for Evaluate {
                 let trees =
                     rollout_trees(&world, &tasks, policy.clone(), mode, p.group_size, p.limits.limits(mode), Default::default(), ctx.seed)
                         .await;
-                for band in Band::ALL {
+                for group in task_groups(&tasks) {
                     let mine: Vec<&Vec<NodeRecord>> = trees
                         .iter()
-                        .filter(|t| tasks.iter().find(|x| x.id == t[0].task_id).is_some_and(|x| x.band == Some(band)))
+                        .filter(|t| tasks.iter().find(|x| x.id == t[0].task_id).is_some_and(|x| task_group(x) == group))
                         .collect();
                     if mine.is_empty() {
                         continue;
@@ -155,8 +172,8 @@ impl TypedStage for Evaluate {
                         let d = t.iter().map(|x| x.depth).max().unwrap_or(0);
                         *depth_hist.entry(mode_name.to_string()).or_default().entry(d).or_default() += 1;
                     }
-                    let row = summarize(&label, mode_name, band.name(), &mine);
-                    ctx.set_metric(&format!("{mode_name}_{}_success", band.name()), row.success);
+                    let row = summarize(&label, mode_name, &group, &mine);
+                    ctx.set_metric(&format!("{mode_name}_{group}_success"), row.success);
                     rows.push(row);
                 }
                 all_nodes.extend(trees.into_iter().flatten());

@@ -41,7 +41,11 @@ pub struct SynthesizeParams {
     /// Difficulty bands to draw from.
     #[serde(default = "default_bands")]
     pub bands: Vec<Band>,
-    /// Tasks per band.
+    /// Instead of bands: targets of these tiers, inclusive (`[1, 2]`: the shallow sub-tasks that
+    /// leaves of a recursive tree solve). Tasks drawn this way have no band.
+    #[serde(default)]
+    pub tiers: Option<[u32; 2]>,
+    /// Tasks per band (or in the tier range).
     #[serde(default = "default_per_band")]
     pub per_band: usize,
     /// `train` targets, or held-out `validation` targets.
@@ -94,14 +98,25 @@ impl TypedStage for Synthesize {
                     let world = textcraft::generate(&p.world.config()?, p.world_seed);
                     let seed = p.task_seed.unwrap_or(ctx.seed);
                     let mut tasks = Vec::new();
-                    for &band in &p.bands {
-                        tasks.extend(textcraft::synthesize(&world, band, p.per_band, p.split == Split::Validation, seed));
+                    let validation = p.split == Split::Validation;
+                    match p.tiers {
+                        Some([lo, hi]) => {
+                            tasks = textcraft::synthesize_tiers(&world, &format!("tiers{lo}-{hi}"), (lo, hi), 3, p.per_band, validation, seed)
+                        }
+                        None => {
+                            for &band in &p.bands {
+                                tasks.extend(textcraft::synthesize(&world, band, p.per_band, validation, seed));
+                            }
+                        }
                     }
                     anyhow::ensure!(
                         !tasks.is_empty(),
-                        "no tasks: the world has no {} targets in bands {:?}",
-                        if p.split == Split::Validation { "held-out" } else { "training" },
-                        p.bands
+                        "no tasks: the world has no {} targets in {}",
+                        if validation { "held-out" } else { "training" },
+                        match p.tiers {
+                            Some([lo, hi]) => format!("tiers {lo}..={hi}"),
+                            None => format!("bands {:?}", p.bands),
+                        }
                     );
                     (world, tasks)
                 }

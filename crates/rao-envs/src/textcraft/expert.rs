@@ -126,23 +126,39 @@ pub fn expert_action(world: &World, cfg: &ExpertConfig, ctx: &[Tok]) -> Vec<Tok>
     }
     let mut step_rng = Rng::new(hash_tokens(cfg.seed ^ 0xA5A5, ctx));
     if cfg.noise > 0.0 && step_rng.chance(cfg.noise) {
-        return noise_action(world, &mut step_rng);
+        return noise_action(world, &items_in(world, ctx), &mut step_rng);
     }
     lang.encode(plan.get(next).unwrap_or(&Action::Finish))
 }
 
-/// A well-formed action that does no harm (and no good).
-pub fn noise_action(world: &World, rng: &mut Rng) -> Vec<Tok> {
-    let lang = Lang::new(world);
-    let item = rng.below(world.items.len()) as ItemId;
-    match rng.below(3) {
-        0 => lang.encode(&Action::Info(item)),
-        1 => lang.encode(&Action::Inv),
-        _ => {
-            // Crafting a base item is always refused: a wasted step, never a changed inventory.
-            let bases = world.base_items();
-            lang.encode(&Action::Craft(bases[rng.below(bases.len())], 1))
+/// Items named anywhere in `toks`, in order of first appearance.
+pub fn items_in(world: &World, toks: &[Tok]) -> Vec<ItemId> {
+    let mut seen = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        match world.parse_item(&toks[i..]) {
+            Some((item, used)) => {
+                if !seen.contains(&item) {
+                    seen.push(item);
+                }
+                i += used;
+            }
+            None => i += 1,
         }
+    }
+    seen
+}
+
+/// A well-formed action that does no harm (and no good): a repeated `info`, an `inv`, or crafting
+/// a base item (always refused). It names only items in `seen` (those already in the node's
+/// context), so imitating noise teaches wasted steps, never inventing or mis-copying a name.
+pub fn noise_action(world: &World, seen: &[ItemId], rng: &mut Rng) -> Vec<Tok> {
+    let lang = Lang::new(world);
+    let bases: Vec<ItemId> = seen.iter().copied().filter(|i| world.item(*i).is_base()).collect();
+    match rng.below(3) {
+        0 if !seen.is_empty() => lang.encode(&Action::Info(seen[rng.below(seen.len())])),
+        2 if !bases.is_empty() => lang.encode(&Action::Craft(bases[rng.below(bases.len())], 1)),
+        _ => lang.encode(&Action::Inv),
     }
 }
 

@@ -9,5 +9,5 @@ pub mod world;
 
 pub use episode::{Action, Lang, TextCraftEpisode, verify_goal};
 pub use expert::{ExpertConfig, expert_action};
-pub use tasks::{Task, is_solvable, synthesize};
+pub use tasks::{Task, is_solvable, synthesize, synthesize_tiers};
 pub use world::{Band, Bands, Item, ItemId, Recipe, SynthConfig, World, generate};

@@ -31,9 +31,19 @@ impl Task {
 
 /// Make `n` tasks of a band. `validation` picks held-out targets.
 pub fn synthesize(world: &World, band: Band, n: usize, validation: bool, seed: u64) -> Vec<Task> {
+    let (lo, hi) = world.bands.tiers(band);
+    let max_count = if matches!(band, Band::Hard | Band::Extreme) { 2 } else { 3 };
+    let mut tasks = synthesize_tiers(world, band.name(), (lo, hi), max_count, n, validation, seed);
+    tasks.iter_mut().for_each(|t| t.band = Some(band));
+    tasks
+}
+
+/// Make `n` tasks whose targets have tiers in `tiers` (inclusive), counts 1..=`max_count`,
+/// ids `{label}-{split}-{k}` and no band (e.g. the shallow sub-tasks a warm-start gate uses).
+pub fn synthesize_tiers(world: &World, label: &str, tiers: (u32, u32), max_count: u64, n: usize, validation: bool, seed: u64) -> Vec<Task> {
     let split = if validation { "val" } else { "train" };
-    let mut rng = Rng::derive(seed, &format!("textcraft/tasks/{}/{split}", band.name()));
-    let targets = world.targets(band, validation);
+    let mut rng = Rng::derive(seed, &format!("textcraft/tasks/{label}/{split}"));
+    let targets = world.targets_in_tiers(tiers.0, tiers.1, validation);
     if targets.is_empty() {
         return Vec::new();
     }
@@ -41,7 +51,6 @@ pub fn synthesize(world: &World, band: Band, n: usize, validation: bool, seed: u
     let mut out = Vec::with_capacity(n);
     for k in 0..n {
         let target = targets[rng.below(targets.len())];
-        let max_count = if matches!(band, Band::Hard | Band::Extreme) { 2 } else { 3 };
         let count = rng.range(1, max_count) as u32;
         let needs = world.base_needs(target, count);
         let mut inv: BTreeMap<ItemId, u64> = BTreeMap::new();
@@ -61,8 +70,8 @@ pub fn synthesize(world: &World, band: Band, n: usize, validation: bool, seed: u
             inv.insert(candidates[rng.below(candidates.len())], rng.range(1, 4));
         }
         out.push(Task {
-            id: format!("{}-{split}-{k:05}", band.name()),
-            band: Some(band),
+            id: format!("{label}-{split}-{k:05}"),
+            band: None,
             target,
             count,
             inventory: inv.into_iter().map(|(i, n)| (i, n as u32)).collect(),

@@ -162,6 +162,11 @@ impl World {
     /// Craftable items whose tier is in the band's range.
     pub fn targets(&self, band: Band, held_out: bool) -> Vec<ItemId> {
         let (lo, hi) = self.bands.tiers(band);
+        self.targets_in_tiers(lo, hi, held_out)
+    }
+
+    /// Craftable items of tiers `lo..=hi` in the training (or held-out) split.
+    pub fn targets_in_tiers(&self, lo: u32, hi: u32, held_out: bool) -> Vec<ItemId> {
         self.items.iter().filter(|i| !i.is_base() && i.tier >= lo && i.tier <= hi && i.held_out == held_out).map(|i| i.id).collect()
     }
 
