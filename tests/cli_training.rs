@@ -57,9 +57,9 @@ fn two_runs_from_scratch_give_identical_checkpoints_and_metrics() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         stores.push(dir.path().join(s));
     }
-    let params = file_hashes(&stores[0], "params.bin");
+    let params = file_hashes(&stores[0], "model.bpk");
     assert_eq!(params.len(), 3, "warm start + 2 updates: {params:?}");
-    assert_eq!(params, file_hashes(&stores[1], "params.bin"), "bit-identical checkpoints");
+    assert_eq!(params, file_hashes(&stores[1], "model.bpk"), "bit-identical checkpoints");
     // Every evaluation number but wall-clock time, and every training metric, agree.
     let summaries = |store: &Path| -> Vec<serde_json::Value> {
         file_hashes(store, "summary.json")
@@ -104,7 +104,7 @@ name: rl-smoke
 seed: 5
 params:
   limits: {window: 64, max_depth: 0, max_children: 1, max_nodes: 1, step_budget: 4}
-  model: {d_model: 32, n_layers: 2, n_heads: 4, d_ff: 64}
+  model: {d_model: 64, n_layers: 2, n_heads: 4, d_ff: 128}
 stages:
   demo_tasks:
     kind: synthesize
@@ -122,13 +122,13 @@ stages:
       model: "${params.model}"
       limits: "${params.limits}"
       demos: {recursive_trees: 0, flat_trees: 4, delegate: 0.0, noise: 0.4}
-      max_steps: 200
-      eval_every: 200
+      max_steps: 800
+      eval_every: 400
       batch: 32
       gate: {required: false}
   train:
     loop:
-      max_iterations: 10
+      max_iterations: 20
       init: {policy: warmstart.checkpoint}
       carry: {policy: update.checkpoint}
     stages:
@@ -150,7 +150,7 @@ stages:
       update:
         kind: update
         inputs: {checkpoint: loop.policy, trees: advantage.trees, tasks: train_tasks.tasks}
-        params: {loss: {kind: cispo, lo: 0.0, hi: 5.0}, lr: 2.0e-3, max_children: 1}
+        params: {loss: {kind: cispo, lo: 0.0, hi: 5.0}, lr: 1.0e-3, max_children: 1}
   evaluate_warmstart:
     kind: evaluate
     inputs: {tasks: eval_tasks.tasks, checkpoint: warmstart.checkpoint}

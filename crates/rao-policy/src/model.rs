@@ -189,6 +189,7 @@ impl Transformer {
 pub fn init_params(model: Transformer, seed: u64) -> Transformer {
     struct Init {
         rng: rao_envs::rng::Rng,
+        next: usize,
     }
     impl burn::module::ModuleMapper for Init {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
@@ -201,8 +202,11 @@ pub fn init_params(model: Transformer, seed: u64) -> Transformer {
             } else {
                 (0..n).map(|_| (self.rng.normal() * 0.02) as f32).collect()
             };
-            Param::from_tensor(Tensor::<D>::from_data(TensorData::new(values, shape), &device))
+            let mut p = Param::from_tensor(Tensor::<D>::from_data(TensorData::new(values, shape), &device));
+            p.id = crate::params::param_id(self.next);
+            self.next += 1;
+            p
         }
     }
-    model.map(&mut Init { rng: rao_envs::rng::Rng::new(seed) })
+    model.map(&mut Init { rng: rao_envs::rng::Rng::new(seed), next: 0 })
 }

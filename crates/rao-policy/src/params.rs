@@ -48,7 +48,9 @@ pub fn write_params(model: Transformer, values: &[Vec<f32>]) -> Transformer {
             self.next += 1;
             let fresh = Tensor::<D>::from_data(TensorData::new(v, shape), &device);
             let fresh = if t.is_require_grad() { fresh.require_grad() } else { fresh };
-            Param::from_tensor(fresh)
+            let mut p = Param::from_tensor(fresh);
+            p.id = param.id;
+            p
         }
     }
     model.map(&mut Writer { values, next: 0 })
@@ -139,4 +141,10 @@ pub fn bytes_to_f32s(bytes: &[u8], sizes: &[usize]) -> anyhow::Result<Vec<Vec<f3
         off += 4 * n;
     }
     Ok(out)
+}
+
+/// Id of the `index`-th parameter in visit order. Burn draws ids at random; a fixed id makes the
+/// Burn record of a checkpoint (which stores ids) a function of the parameters alone.
+pub fn param_id(index: usize) -> burn::module::ParamId {
+    burn::module::ParamId::from(index as u64 + 1)
 }

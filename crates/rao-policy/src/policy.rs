@@ -3,6 +3,8 @@
 //! checkpoints.
 
 use burn::module::Module;
+use burn::store::ModuleRecord;
+use burn::tensor::Bytes;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use rao_envs::grammar::Grammar;
@@ -90,7 +92,8 @@ pub struct StepMetrics {
     pub sequences: usize,
 }
 
-/// Serialised policy: config + metadata, parameters, optimiser moments.
+/// Serialised policy: config + metadata, the parameters as a Burn record (burnpack bytes, what
+/// `Module::load_record` reads), and the optimiser moments (flat f32, parameter visit order).
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
     pub meta: CheckpointMeta,
@@ -125,6 +128,7 @@ impl Policy {
 
     pub fn checkpoint(&self) -> Checkpoint {
         let params = read_params(&self.model);
+        let record = self.model.valid().into_record().into_bytes().expect("a Burn record of in-memory parameters");
         Checkpoint {
             meta: CheckpointMeta {
                 config: self.cfg.clone(),
@@ -133,7 +137,7 @@ impl Policy {
                 param_sizes: params.iter().map(|p| p.len()).collect(),
                 param_shapes: param_shapes(&self.model),
             },
-            params: f32s_to_bytes(&params),
+            params: record.to_vec(),
             optim: [f32s_to_bytes(&self.optim.m), f32s_to_bytes(&self.optim.v)].concat(),
         }
     }
@@ -141,8 +145,9 @@ impl Policy {
     pub fn from_checkpoint(ck: &Checkpoint, backend: Backend) -> anyhow::Result<Policy> {
         let mut p = Policy::new(ck.meta.config.clone(), backend, 0)?;
         anyhow::ensure!(param_shapes(&p.model) == ck.meta.param_shapes, "checkpoint shapes do not match its model config");
-        let values = bytes_to_f32s(&ck.params, &ck.meta.param_sizes)?;
-        p.model = write_params(p.model, &values);
+        let record = ModuleRecord::from_bytes(Bytes::from_bytes_vec(ck.params.clone()))
+            .map_err(|e| anyhow::anyhow!("checkpoint parameters are not a readable Burn record: {e:?}"))?;
+        p.model = p.model.try_load_record(record).map_err(|e| anyhow::anyhow!("checkpoint parameters do not fit the model: {e:?}"))?;
         p.optim = ck.meta.optimizer.clone();
         if !ck.optim.is_empty() {
             let both = bytes_to_f32s(&ck.optim, &[ck.meta.param_sizes.clone(), ck.meta.param_sizes.clone()].concat())?;

@@ -11,7 +11,7 @@ use rao_policy::policy::CheckpointMeta;
 use rao_policy::{Backend, Checkpoint, Policy, SampleRequest};
 
 pub const META_FILE: &str = "checkpoint.json";
-pub const PARAMS_FILE: &str = "params.bin";
+pub const PARAMS_FILE: &str = "model.bpk";
 pub const OPTIM_FILE: &str = "optim.bin";
 
 pub fn write_checkpoint(ctx: &StageContext, output: &str, ck: &Checkpoint) -> anyhow::Result<()> {

@@ -177,7 +177,7 @@ pub struct Warmstart;
 impl TypedStage for Warmstart {
     type Params = WarmstartParams;
     const NAME: &'static str = "warmstart";
-    const VERSION: u32 = 1;
+    const VERSION: u32 = 2; // 2: Burn-record checkpoints; noise actions name only items in context
     const DESCRIBE: &'static str = "supervised warm start on noisy expert demonstrations, gated on held-out node success";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "gate_tasks", required: true }];
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
