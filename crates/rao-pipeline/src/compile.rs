@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use petgraph::graph::{DiGraph, NodeIndex};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::diag::{Diagnostic, Diagnostics, did_you_mean};
@@ -156,19 +157,80 @@ impl Compiled {
 }
 
 /// Read, check and expand a pipeline file. `overrides` are `path.to.key=value` strings.
+/// A file with `extends` is a variant: another pipeline file plus the changes in its `set`.
 pub fn load(path: &Path, overrides: &[String], registry: &Registry) -> Result<Compiled, Diagnostics> {
     let label = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| Diagnostics {
-        file: label.clone(),
-        source: String::new(),
-        items: vec![Diagnostic::new(Pos::NONE, format!("cannot read pipeline file: {e}"))],
-    })?;
+    let text = read_pipeline_text(path, &label)?;
     let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }).unwrap_or(Path::new("."));
     let base = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
-    compile_str(&label, &text, &base, overrides, registry).map(|mut c| {
+    let (label, text, mut all_overrides) = resolve_variant(path, label, text, 0)?;
+    all_overrides.extend_from_slice(overrides);
+    compile_str(&label, &text, &base, &all_overrides, registry).map(|mut c| {
         c.file = path.to_path_buf();
+        c.overrides = overrides.to_vec();
         c
     })
+}
+
+fn read_pipeline_text(path: &Path, label: &str) -> Result<String, Diagnostics> {
+    std::fs::read_to_string(path).map_err(|e| Diagnostics {
+        file: label.to_string(),
+        source: String::new(),
+        items: vec![Diagnostic::new(Pos::NONE, format!("cannot read pipeline file: {e}"))],
+    })
+}
+
+/// A pipeline written as another one plus changes: ablations and variants without a copy.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Variant {
+    #[serde(rename = "$schema", default)]
+    _schema: Option<String>,
+    /// The pipeline file this one changes (relative to this file).
+    extends: Sp<String>,
+    name: Sp<String>,
+    #[serde(default)]
+    _description: Option<String>,
+    /// `path.to.key: value`, as `--set` takes them.
+    #[serde(default)]
+    set: OrderedMap<Sp<Value>>,
+}
+
+/// Follow `extends` to the pipeline file that has the stages; returns its label and text and the
+/// overrides (outermost variant last) that turn it into the variant.
+fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Result<(String, String, Vec<String>), Diagnostics> {
+    let is_variant = serde_saphyr::from_str::<Value>(&text).ok().is_some_and(|v| v.get("extends").is_some());
+    if !is_variant {
+        return Ok((label, text, Vec::new()));
+    }
+    let fail = |items: Vec<Diagnostic>| Diagnostics { file: label.clone(), source: text.clone(), items };
+    let v: Variant = serde_saphyr::from_str(&text).map_err(|e| fail(vec![parse_error(&e)]))?;
+    if depth >= 8 {
+        return Err(fail(vec![Diagnostic::new(v.extends.pos, "`extends` chains deeper than 8 files (is there a loop?)")]));
+    }
+    let base_path = path.parent().unwrap_or(Path::new(".")).join(&v.extends.value);
+    let base_text = std::fs::read_to_string(&base_path).map_err(|e| {
+        fail(vec![Diagnostic::new(v.extends.pos, format!("cannot read `{}`: {e}", base_path.display()))
+            .help("`extends` takes a pipeline file path relative to this file")])
+    })?;
+    let (base_label, base_text, mut sets) = resolve_variant(&base_path, base_path.display().to_string(), base_text, depth + 1)?;
+    sets.push(format!("name={}", v.name.value));
+    // Check each change against the base here, so an error points at this file's line.
+    let mut spec: PipelineFile = serde_saphyr::from_str(&base_text)
+        .map_err(|e| Diagnostics { file: base_label.clone(), source: base_text.clone(), items: vec![parse_error(&e)] })?;
+    crate::overrides::apply(&mut spec, &sets).map_err(|d| fail(vec![d]))?;
+    let mut problems = Vec::new();
+    for (key, value) in &v.set.entries {
+        let o = format!("{}={}", key.value, serde_json::to_string(&value.value).unwrap_or_default());
+        match crate::overrides::apply(&mut spec, std::slice::from_ref(&o)) {
+            Ok(()) => sets.push(o),
+            Err(d) => problems.push(Diagnostic::new(key.pos, d.message.replacen("--set ", "set ", 1))),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(fail(problems));
+    }
+    Ok((base_label, base_text, sets))
 }
 
 /// Like [`load`], from text (`label` names it in errors).

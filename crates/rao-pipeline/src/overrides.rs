@@ -1,6 +1,6 @@
 //! `--set path.to.key=value`: change a pipeline without editing the file (recorded in the run record).
 //!
-//! Paths: `seed`, `store`, `params.NAME[.SUB…]`, `stages.STAGE.params.NAME[.SUB…]`,
+//! Paths: `name`, `seed`, `store`, `params.NAME[.SUB…]`, `stages.STAGE.params.NAME[.SUB…]`,
 //! `stages.STAGE.retries`, `stages.STAGE.timeout`, `stages.LOOP.loop.max_iterations`.
 //! Stages inside loop bodies are found by name too. Values are YAML scalars (`3`, `0.5`, `true`, `text`).
 
@@ -28,7 +28,8 @@ fn apply_one(spec: &mut PipelineFile, o: &str) -> Result<(), String> {
         ["seed"] => {
             spec.seed = Sp::synthetic(value.as_u64().ok_or("seed must be a non-negative integer")?);
         }
-        ["store"] => spec.store = Some(Sp::synthetic(raw.to_string())),
+        ["store"] => spec.store = Some(Sp::synthetic(value.as_str().map(str::to_string).unwrap_or_else(|| raw.to_string()))),
+        ["name"] => spec.name = Sp::synthetic(value.as_str().map(str::to_string).unwrap_or_else(|| raw.to_string())),
         ["params", rest @ ..] if !rest.is_empty() => set_param(&mut spec.params, rest, value)?,
         ["stages", stage, rest @ ..] => {
             let names: Vec<String> = all_stage_names(&spec.stages);

@@ -335,3 +335,31 @@ stages:
     // The local store is a plain directory other tools can read.
     assert!(local.local_root().unwrap().join("objects").is_dir());
 }
+
+#[test]
+fn a_variant_extends_a_pipeline_and_its_bad_changes_point_at_its_own_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = "name: base\nparams:\n  size: 1\nstages:\n  a:\n    kind: noop\n    params: {value: 1}\n  b:\n    kind: noop\n    inputs: {x: a.out}\n";
+    std::fs::write(dir.path().join("base.yaml"), base.replace("kind: noop\n    params", "kind: noop\n    outputs: [out]\n    params")).unwrap();
+    let variant = "extends: base.yaml\nname: variant\nset:\n  params.size: 2\n  stages.a.params.value: [3, 4]\n";
+    std::fs::write(dir.path().join("v.yaml"), variant).unwrap();
+    let registry = Registry::with_builtins();
+    let c = rao_pipeline::compile::load(&dir.path().join("v.yaml"), &["seed=9".to_string()], &registry).unwrap_or_else(|d| panic!("{d}"));
+    assert_eq!(c.name, "variant");
+    assert_eq!(c.resolved["params"]["size"], 2);
+    assert_eq!(c.resolved["stages"]["a"]["params"]["value"], serde_json::json!([3, 4]));
+    assert_eq!(c.resolved["seed"], 9, "command-line overrides apply on top");
+    assert_eq!(c.overrides, vec!["seed=9".to_string()], "only the command line's overrides are recorded as overrides");
+
+    let bad = "extends: base.yaml\nname: variant\nset:\n  params.size: 2\n  stages.c.params.value: 1\n";
+    std::fs::write(dir.path().join("bad.yaml"), bad).unwrap();
+    let d = rao_pipeline::compile::load(&dir.path().join("bad.yaml"), &[], &registry).unwrap_err();
+    assert!(d.file.ends_with("bad.yaml"), "{}", d.file);
+    assert_eq!(d.items.len(), 1);
+    assert_eq!(d.items[0].pos.line, 5, "{d}");
+    assert!(d.items[0].message.contains("no stage `c`"), "{d}");
+
+    std::fs::write(dir.path().join("missing.yaml"), "extends: nowhere.yaml\nname: m\n").unwrap();
+    let d = rao_pipeline::compile::load(&dir.path().join("missing.yaml"), &[], &registry).unwrap_err();
+    assert_eq!(d.items[0].pos.line, 1, "{d}");
+}
