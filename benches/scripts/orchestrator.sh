@@ -4,7 +4,7 @@
 # Usage: benches/scripts/orchestrator.sh     (builds rao in the dev profile, installs DVC in target/bench-venv)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo build -q -p rao-cli
+cargo build -q   # the whole workspace: same features (and artifacts) as the tests
 RAO="$PWD/target/debug/rao"
 now() { date +%s.%N; }
 secs() { python3 -c "print(f'{$2 - $1:.3f}')"; }

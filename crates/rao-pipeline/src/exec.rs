@@ -63,7 +63,8 @@ pub async fn execute(c: &Compiled, registry: &Registry, store: &Store, job: Job,
         reporter.emit(Event::Started { instance: inst.name.clone(), fingerprint: job.fingerprint.clone(), attempt });
         let staging = staging_dir(store, &job.fingerprint, attempt);
         let scratch = std::env::temp_dir().join(format!("rao-scratch-{}-{}-{attempt}", std::process::id(), job.fingerprint));
-        let _ = std::fs::remove_dir_all(&staging);
+        let remove_staged = || inst.outputs.iter().for_each(|o| _ = std::fs::remove_dir_all(staged_output(&staging, o)));
+        remove_staged();
         let metrics = Arc::new(Mutex::new(BTreeMap::new()));
         let ctx = StageContext {
             pipeline: c.name.clone(),
@@ -93,7 +94,7 @@ pub async fn execute(c: &Compiled, registry: &Registry, store: &Store, job: Job,
             }
             Err(e) => Err(e),
         };
-        let _ = std::fs::remove_dir_all(&staging);
+        remove_staged();
         let _ = std::fs::remove_dir_all(&scratch);
         match result {
             Ok(m) => return Ok(m),
@@ -105,6 +106,15 @@ pub async fn execute(c: &Compiled, registry: &Registry, store: &Store, job: Job,
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Where a stage writes output `name` before it is published: a sibling of the other outputs'
+/// (no parent directory to create and delete: new inodes are most of a small stage's cost).
+pub fn staged_output(staging: &Path, name: &str) -> PathBuf {
+    let mut path = staging.as_os_str().to_owned();
+    path.push(".");
+    path.push(name);
+    PathBuf::from(path)
 }
 
 fn staging_dir(store: &Store, fp: &str, attempt: u32) -> PathBuf {
@@ -131,27 +141,25 @@ async fn publish(
     let mut files_by_output = BTreeMap::new();
     for out in outputs {
         let prefix = output_prefix(&job.fingerprint, out);
+        let dir = staged_output(staging, out);
+        let target = store.local_path(&prefix);
         // Leftovers of a killed attempt are never trusted: start clean.
-        if let Some(dir) = store.local_path(&prefix) {
-            let _ = std::fs::remove_dir_all(&dir);
-        } else {
-            store.delete_prefix(&prefix).await?;
+        match &target {
+            Some(t) => _ = std::fs::remove_dir_all(t),
+            None => store.delete_prefix(&prefix).await?,
         }
-        let dir = staging.join(out);
         let mut entries = Vec::new();
         for rel in walk_files(&dir)? {
-            let src = dir.join(&rel);
-            let bytes = std::fs::read(&src)?;
-            let entry = FileEntry { path: rel.clone(), size: bytes.len() as u64, blake3: blake3::hash(&bytes).to_hex().to_string() };
-            let key = format!("{prefix}/{rel}");
-            match store.local_path(&key) {
-                Some(target) => {
-                    std::fs::create_dir_all(target.parent().unwrap())?;
-                    std::fs::rename(&src, &target)?;
-                }
-                None => store.put(&key, Bytes::from(bytes)).await?,
+            let bytes = std::fs::read(dir.join(&rel))?;
+            entries.push(FileEntry { path: rel.clone(), size: bytes.len() as u64, blake3: blake3::hash(&bytes).to_hex().to_string() });
+            if target.is_none() {
+                store.put(&format!("{prefix}/{rel}"), Bytes::from(bytes)).await?;
             }
-            entries.push(entry);
+        }
+        // A local store takes the whole directory in one rename (same filesystem).
+        if let (Some(t), false) = (&target, entries.is_empty()) {
+            std::fs::create_dir_all(t.parent().unwrap())?;
+            std::fs::rename(&dir, t)?;
         }
         files_by_output.insert(out.clone(), entries);
     }

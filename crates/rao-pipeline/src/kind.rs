@@ -154,7 +154,7 @@ impl StageContext {
             self.instance,
             self.outputs.join(", ")
         );
-        let dir = self.staging.join(name);
+        let dir = crate::exec::staged_output(&self.staging, name);
         std::fs::create_dir_all(&dir)?;
         Ok(dir)
     }
