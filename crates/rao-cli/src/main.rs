@@ -129,6 +129,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    rao_stages::tune_allocator();
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match rt.block_on(dispatch(cli)) {

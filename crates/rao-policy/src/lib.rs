@@ -8,3 +8,17 @@ pub mod policy;
 
 pub use model::{ModelConfig, Transformer};
 pub use policy::{Backend, Checkpoint, Loss, Policy, SampleRequest, Sequence, StepMetrics};
+
+/// Keep freed tensor buffers in the process. The CPU backend allocates a fresh buffer for every
+/// op; glibc hands blocks above its (adaptive) mmap threshold back to the OS on free, so each
+/// training step paid for mmap/munmap and page faults. Measured: update step 227 → 163 ms.
+/// Call once at program start (it changes process-wide allocator settings).
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets allocator parameters; called before other threads allocate much.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TOP_PAD, 64 << 20);
+    }
+}

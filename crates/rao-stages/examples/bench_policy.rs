@@ -10,6 +10,7 @@ use rao_envs::vocab::Tok;
 use rao_policy::{Backend, Loss, ModelConfig, Policy, SampleRequest, Sequence};
 
 fn main() {
+    rao_policy::tune_allocator();
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let d = args.first().copied().unwrap_or(64);
     let layers = args.get(1).copied().unwrap_or(2);

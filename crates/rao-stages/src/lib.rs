@@ -30,3 +30,4 @@ pub mod report;
 pub mod training;
 pub mod update;
 pub mod warmstart;
+pub use rao_policy::tune_allocator;
