@@ -241,3 +241,30 @@ fn grammar_accepts_every_expert_action_and_only_well_formed_ones() {
         assert!(lang.parse(&toks).is_ok(), "{}", w.vocab.text(&toks));
     }
 }
+
+#[test]
+fn shifted_renaming_is_a_permutation_that_keeps_tier_order_and_base_items() {
+    let world = textcraft::generate(&SynthConfig::small(), 1);
+    let top = world.items.iter().map(|i| i.tier).max().unwrap();
+    for shift in 0..=3 {
+        let map = world.random_renaming_shifted(&mut rao_envs::rng::Rng::new(shift as u64), shift);
+        let mut targets: Vec<_> = map.values().copied().collect();
+        targets.sort();
+        targets.dedup();
+        assert_eq!(targets.len(), world.items.len(), "a permutation: distinct names stay distinct");
+        for it in &world.items {
+            let to = world.item(map[&it.id]);
+            assert_eq!(to.tokens[0], it.tokens[0], "same domain");
+            if it.is_base() {
+                assert!(to.is_base());
+            } else if it.tier + shift <= top {
+                assert_eq!(to.tier, it.tier + shift, "{} → {}", it.name, to.name);
+            }
+        }
+    }
+    // A demonstration renamed with a shift names tiers no Medium task reaches.
+    let rng = &mut rao_envs::rng::Rng::new(9);
+    let map = world.random_renaming_shifted(rng, 2);
+    let medium_top = world.items.iter().find(|i| i.tier == 5).unwrap();
+    assert_eq!(world.item(map[&medium_top.id]).tier, 7);
+}

@@ -8,6 +8,7 @@ use futures::future::BoxFuture;
 use rao_agent::{RunMeta, ScriptedExpert};
 use rao_envs::rng::Rng;
 use rao_envs::textcraft::grammar::TextCraftGrammar;
+use rao_envs::textcraft::expert::items_in;
 use rao_envs::textcraft::{ExpertConfig, World};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use rao_policy::{Backend, Loss, ModelConfig, Policy, Sequence};
@@ -42,11 +43,15 @@ pub struct DemoParams {
     /// used, so the policy learns to read and copy names rather than memorise them.
     #[serde(default = "yes")]
     pub rename_items: bool,
+    /// With `rename_items`: also move every name up by a random number of tiers (order kept), so
+    /// the policy learns to copy tier tokens no demonstration reaches (held-out Hard targets).
+    #[serde(default = "yes")]
+    pub shift_tiers: bool,
 }
 
 impl Default for DemoParams {
     fn default() -> Self {
-        DemoParams { recursive_trees: 2, flat_trees: 1, delegate: 0.5, noise: 0.1, flat_max_tier: None, rename_items: true }
+        DemoParams { recursive_trees: 2, flat_trees: 1, delegate: 0.5, noise: 0.1, flat_max_tier: None, rename_items: true, shift_tiers: true }
     }
 }
 
@@ -165,8 +170,15 @@ pub fn length_bucketed(seqs: &mut [Sequence], batch: usize, rng: &mut Rng) -> Ve
 }
 
 /// A demonstration with its items renamed (names keep their token counts, so masks still line up).
-fn renamed(world: &World, s: &Sequence, rng: &mut Rng) -> Sequence {
-    let map = world.random_renaming(rng);
+fn renamed(world: &World, s: &Sequence, shift_tiers: bool, rng: &mut Rng) -> Sequence {
+    let shift = if shift_tiers {
+        let top = world.items.iter().map(|i| i.tier).max().unwrap_or(0);
+        let highest = items_in(world, &s.tokens).iter().map(|&i| world.item(i).tier).max().unwrap_or(0);
+        rng.below((top - highest.min(top)) as usize + 1) as u32
+    } else {
+        0
+    };
+    let map = world.random_renaming_shifted(rng, shift);
     let tokens = world.rename_tokens(&s.tokens, &map);
     debug_assert_eq!(tokens.len(), s.tokens.len());
     Sequence { tokens, ..s.clone() }
@@ -177,7 +189,7 @@ pub struct Warmstart;
 impl TypedStage for Warmstart {
     type Params = WarmstartParams;
     const NAME: &'static str = "warmstart";
-    const VERSION: u32 = 2; // 2: Burn-record checkpoints; noise actions name only items in context
+    const VERSION: u32 = 3; // 2: Burn-record checkpoints, noise actions name only items in context; 3: tier shifts
     const DESCRIBE: &'static str = "supervised warm start on noisy expert demonstrations, gated on held-out node success";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "gate_tasks", required: true }];
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
@@ -220,7 +232,7 @@ impl TypedStage for Warmstart {
                 };
                 for chunk in batches {
                     let batch: Vec<Sequence> = if p.demos.rename_items {
-                        chunk.iter().map(|s| renamed(&world, s, &mut rng)).collect()
+                        chunk.iter().map(|s| renamed(&world, s, p.demos.shift_tiers, &mut rng)).collect()
                     } else {
                         chunk
                     };

@@ -369,17 +369,30 @@ impl World {
     /// demonstration, it forces a learner to read recipes and copy names instead of memorising
     /// item-specific facts.
     pub fn random_renaming(&self, rng: &mut crate::rng::Rng) -> HashMap<ItemId, ItemId> {
-        let mut groups: std::collections::BTreeMap<Vec<Tok>, Vec<ItemId>> = std::collections::BTreeMap::new();
+        self.random_renaming_shifted(rng, 0)
+    }
+
+    /// Like [`World::random_renaming`], and every craftable item of tier k also takes the name of
+    /// an item of tier k + `shift` in its domain (cyclically over tiers 1..=max, so it stays a
+    /// permutation). With `shift` at most the world's top tier minus the highest tier in a
+    /// demonstration, tiers keep their order there, and a learner sees every tier token in
+    /// every role — including tiers no training task reaches (Hard targets are held out).
+    /// Worlds whose domains have unequal tier sizes are only shuffled within tiers.
+    pub fn random_renaming_shifted(&self, rng: &mut crate::rng::Rng, shift: u32) -> HashMap<ItemId, ItemId> {
+        // (domain token, tier) → items; tier 0 (base items) is never shifted.
+        let mut groups: std::collections::BTreeMap<(Tok, u32), Vec<ItemId>> = std::collections::BTreeMap::new();
         for it in &self.items {
-            if let Some((_, prefix)) = it.tokens.split_last() {
-                groups.entry(prefix.to_vec()).or_default().push(it.id);
-            }
+            groups.entry((it.tokens[0], it.tier)).or_default().push(it.id);
         }
+        let top = self.items.iter().map(|i| i.tier).max().unwrap_or(0);
+        let sizes_equal = groups.iter().filter(|((_, t), _)| *t > 0).map(|(_, v)| v.len()).collect::<std::collections::BTreeSet<_>>().len() <= 1;
+        let shift = if sizes_equal && top > 0 { shift % top } else { 0 };
         let mut map = HashMap::new();
-        for ids in groups.values() {
-            let mut shuffled = ids.clone();
-            rng.shuffle(&mut shuffled);
-            for (a, b) in ids.iter().zip(shuffled) {
+        for ((domain, tier), ids) in &groups {
+            let to_tier = if *tier == 0 { 0 } else { (tier - 1 + shift) % top + 1 };
+            let mut targets = groups.get(&(*domain, to_tier)).cloned().unwrap_or_else(|| ids.clone());
+            rng.shuffle(&mut targets);
+            for (a, b) in ids.iter().zip(targets) {
                 map.insert(*a, b);
             }
         }
