@@ -40,6 +40,8 @@ enum ExecutorKind {
     InProcess,
     /// Run each stage as a separate `rao exec` process.
     Process,
+    /// Submit each stage as a Ray job (`rao exec` as its entrypoint) through Ray's Jobs API.
+    Ray,
 }
 
 #[derive(Subcommand)]
@@ -83,6 +85,9 @@ enum Command {
         json: bool,
         #[arg(long, value_enum, default_value = "in-process")]
         executor: ExecutorKind,
+        /// With `--executor ray`: the Ray dashboard address (Jobs API).
+        #[arg(long, env = "RAO_RAY_ADDRESS", default_value = "http://127.0.0.1:8265")]
+        ray_address: String,
     },
     /// Per stage instance: done, stale or missing, with the reason.
     Status {
@@ -177,7 +182,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 print!("{}", rao_pipeline::plan::render_status(&rows));
             }
         }
-        Command::Run { p, jobs, gpus, force, from, only, json, executor } => {
+        Command::Run { p, jobs, gpus, force, from, only, json, executor, ray_address } => {
             let (c, store) = load(&p, &registry)?;
             let reporter = if json { Reporter::json() } else { Reporter::auto() };
             let exec: Arc<dyn rao_pipeline::Executor> = match executor {
@@ -188,6 +193,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 }),
                 ExecutorKind::Process => {
                     Arc::new(rao_pipeline::LocalProcess { exe: std::env::current_exe()?, store: store.clone(), reporter: reporter.clone() })
+                }
+                ExecutorKind::Ray => {
+                    Arc::new(rao_pipeline::ray::Ray::new(&ray_address, std::env::current_exe()?, store.clone(), reporter.clone()))
                 }
             };
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));

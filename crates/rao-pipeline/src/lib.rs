@@ -10,6 +10,7 @@ pub mod fingerprint;
 pub mod kind;
 pub mod overrides;
 pub mod plan;
+pub mod ray;
 pub mod scheduler;
 pub mod schema;
 pub mod snapshot;
