@@ -150,6 +150,7 @@ impl TypedStage for Evaluate {
                 temperature: p.temperature,
                 backend: p.backend,
                 iteration: 0,
+                shard: None,
             };
             let policy = make_policy(&ctx, &world, &rp).await?;
             let mut rows = Vec::new();

@@ -133,6 +133,19 @@ pub struct RolloutParams {
     /// Loop iteration recorded with every node (e.g. `${loop.iteration}`).
     #[serde(default)]
     pub iteration: i32,
+    /// Run only every `count`-th task starting at `index` (all G trees of a task stay together).
+    /// Fan a large rollout out with `matrix: {shard: [0, 1, 2, 3]}` and
+    /// `shard: {index: "${matrix.shard}", count: 4}`; a stage reading `rollout.trees` gets the
+    /// trees of every shard.
+    #[serde(default)]
+    pub shard: Option<Shard>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
 }
 
 fn default_policy() -> PolicyKind {
@@ -202,7 +215,11 @@ impl TypedStage for Rollout {
 
     fn run(ctx: StageContext, p: RolloutParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
-            let (world, tasks) = load_tasks(&ctx, "tasks").await?;
+            let (world, mut tasks) = load_tasks(&ctx, "tasks").await?;
+            if let Some(Shard { index, count }) = p.shard {
+                anyhow::ensure!(count > 0 && index < count, "shard index {index} is not below count {count}");
+                tasks = tasks.into_iter().enumerate().filter(|(i, _)| i % count == index).map(|(_, t)| t).collect();
+            }
             let policy = make_policy(&ctx, &world, &p).await?;
             let meta = RunMeta { run: ctx.pipeline.clone(), iteration: p.iteration, env: "textcraft".into() };
             let trees = rollout_trees(&world, &tasks, policy, p.mode, p.group_size, p.limits.limits(p.mode), meta, ctx.seed).await;
