@@ -125,4 +125,23 @@ fn ray_runs_a_pipeline_like_the_local_executor_and_reattaches_after_a_kill() {
     let ours: Vec<&str> =
         jobs.as_array().unwrap().iter().filter(|j| j["metadata"]["rao_pipeline"] == "slow").filter_map(|j| j["submission_id"].as_str()).collect();
     assert_eq!(ours.len(), 1, "one submission: {ours:?}");
+
+    // One stage of a pipeline file on Ray (`executor:` on the stage), the others in-process.
+    std::fs::write(
+        dir.path().join("mixed.yaml"),
+        format!(
+            "name: mixed\nstages:\n  a: {{kind: shell, params: {{command: 'echo a > ${{outputs.o}}/v'}}, outputs: [o]}}\n  b:\n    kind: shell\n    executor: {{kind: ray, address: '{}'}}\n    params: {{command: 'cat ${{inputs.i}}/v > ${{outputs.o}}/v; echo b >> ${{outputs.o}}/v'}}\n    inputs: {{i: a.o}}\n    outputs: [o]\n",
+            head.dashboard
+        ),
+    )
+    .unwrap();
+    let mixed = rao(&["run", "mixed.yaml", "--store", "mixed-store"], dir.path());
+    assert!(mixed.status.success(), "{}", text(&mixed));
+    let (_, jobs) = http_get(&head.dashboard, "/api/jobs/").unwrap();
+    let jobs: serde_json::Value = serde_json::from_str(&jobs).unwrap();
+    let on_ray: Vec<&str> =
+        jobs.as_array().unwrap().iter().filter(|j| j["metadata"]["rao_pipeline"] == "mixed").filter_map(|j| j["metadata"]["rao_instance"].as_str()).collect();
+    assert_eq!(on_ray, vec!["b"], "only the stage that asked for Ray ran there");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("mixed-store/runs/mixed/latest.json")).unwrap()).unwrap();
+    assert_eq!(record["executor"], "mixed");
 }

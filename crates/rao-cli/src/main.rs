@@ -83,8 +83,10 @@ enum Command {
         /// Machine-readable event stream on stdout (one JSON object per line).
         #[arg(long)]
         json: bool,
-        #[arg(long, value_enum, default_value = "in-process")]
-        executor: ExecutorKind,
+        /// Where stages run (default: the pipeline's `executor:`, else in-process). A stage's own
+        /// `executor:` still wins.
+        #[arg(long, value_enum)]
+        executor: Option<ExecutorKind>,
         /// With `--executor ray`: the Ray dashboard address (Jobs API).
         #[arg(long, env = "RAO_RAY_ADDRESS", default_value = "http://127.0.0.1:8265")]
         ray_address: String,
@@ -131,6 +133,54 @@ enum Command {
     },
     /// Print the JSON Schema of pipeline files.
     Schema,
+}
+
+/// One executor per instance: the stage's own `executor:`, else the command line's, else the
+/// file's, else in-process. Instances that agree share one executor.
+fn executors(
+    c: &rao_pipeline::Compiled,
+    cli: Option<ExecutorKind>,
+    ray_address: &str,
+    registry: &Registry,
+    store: &rao_pipeline::Store,
+    reporter: &Reporter,
+) -> anyhow::Result<Arc<dyn rao_pipeline::Executor>> {
+    use rao_pipeline::spec::{ExecutorKind as K, ExecutorSpec};
+    let cli = cli.map(|k| ExecutorSpec {
+        kind: match k {
+            ExecutorKind::InProcess => K::InProcess,
+            ExecutorKind::Process => K::Process,
+            ExecutorKind::Ray => K::Ray,
+        },
+        address: None,
+    });
+    let default = cli.or_else(|| c.executor.clone()).unwrap_or(ExecutorSpec { kind: K::InProcess, address: None });
+    let exe = std::env::current_exe()?;
+    let mut made: std::collections::HashMap<ExecutorSpec, Arc<dyn rao_pipeline::Executor>> = Default::default();
+    let mut per_instance = Vec::with_capacity(c.instances.len());
+    for inst in &c.instances {
+        let spec = inst.executor.clone().unwrap_or_else(|| default.clone());
+        let e = made.entry(spec.clone()).or_insert_with(|| -> Arc<dyn rao_pipeline::Executor> {
+            match spec.kind {
+                K::InProcess => Arc::new(rao_pipeline::InProcess {
+                    registry: Arc::new(registry.clone()),
+                    store: store.clone(),
+                    reporter: reporter.clone(),
+                }),
+                K::Process => Arc::new(rao_pipeline::LocalProcess { exe: exe.clone(), store: store.clone(), reporter: reporter.clone() }),
+                K::Ray => Arc::new(rao_pipeline::ray::Ray::new(
+                    spec.address.as_deref().unwrap_or(ray_address),
+                    exe.clone(),
+                    store.clone(),
+                    reporter.clone(),
+                )),
+            }
+        });
+        per_instance.push(e.clone());
+    }
+    let names: std::collections::BTreeSet<&'static str> = per_instance.iter().map(|e| e.name()).collect();
+    let name = if names.len() == 1 { names.into_iter().next().unwrap() } else { "mixed" };
+    Ok(Arc::new(rao_pipeline::PerInstance { executors: per_instance, name }))
 }
 
 fn main() -> ExitCode {
@@ -185,19 +235,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run { p, jobs, gpus, force, from, only, json, executor, ray_address } => {
             let (c, store) = load(&p, &registry)?;
             let reporter = if json { Reporter::json() } else { Reporter::auto() };
-            let exec: Arc<dyn rao_pipeline::Executor> = match executor {
-                ExecutorKind::InProcess => Arc::new(rao_pipeline::InProcess {
-                    registry: Arc::new(registry.clone()),
-                    store: store.clone(),
-                    reporter: reporter.clone(),
-                }),
-                ExecutorKind::Process => {
-                    Arc::new(rao_pipeline::LocalProcess { exe: std::env::current_exe()?, store: store.clone(), reporter: reporter.clone() })
-                }
-                ExecutorKind::Ray => {
-                    Arc::new(rao_pipeline::ray::Ray::new(&ray_address, std::env::current_exe()?, store.clone(), reporter.clone()))
-                }
-            };
+            let exec = executors(&c, executor, &ray_address, &registry, &store, &reporter)?;
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
             let opts = RunOptions { jobs, gpus, force, from, only, reporter, handle_ctrl_c: true };
             let record = rao_pipeline::run(Arc::new(c), exec, &store, opts).await?;

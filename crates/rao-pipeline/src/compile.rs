@@ -40,6 +40,8 @@ pub struct Instance {
     pub retries: u32,
     pub timeout: Option<std::time::Duration>,
     pub resources: Resources,
+    /// The stage's own executor, if it names one (else the run's default applies).
+    pub executor: Option<crate::spec::ExecutorSpec>,
     pub seed: u64,
     /// Fingerprint content the kind adds (e.g. hashes of files a command reads).
     pub extra: String,
@@ -105,6 +107,8 @@ pub struct Compiled {
     pub file: PathBuf,
     pub base_dir: PathBuf,
     pub store_url: String,
+    /// The file's default executor (`executor:` at the top level), if any.
+    pub executor: Option<crate::spec::ExecutorSpec>,
     pub overrides: Vec<String>,
     /// The pipeline as resolved (after `--set`), for run records.
     pub resolved: Value,
@@ -663,6 +667,7 @@ impl<'a> Checker<'a> {
             file: PathBuf::new(),
             base_dir: self.base_dir.to_path_buf(),
             store_url,
+            executor: self.spec.executor.clone(),
             overrides: Vec::new(),
             resolved: Value::Null,
             instances,
@@ -918,6 +923,7 @@ impl Expander<'_, '_> {
                 retries: s.retries.as_ref().map(|r| r.value).unwrap_or(0),
                 timeout: s.timeout.as_ref().map(|t| t.value.0),
                 resources: s.resources,
+                executor: s.executor.clone(),
                 extra,
                 iteration: lp.as_ref().map(|l| (l.loop_idx, l.iteration)),
                 pos: name.pos,

@@ -21,5 +21,5 @@ pub use compile::{Compiled, compile_str, load};
 pub use diag::Diagnostics;
 pub use events::{Event, Reporter};
 pub use kind::{InputArtifact, InputDecl, ParamError, Registry, StageContext, StageKind, Typed, TypedStage};
-pub use scheduler::{Executor, InProcess, LocalProcess, RunOptions, RunRecord, run};
+pub use scheduler::{Executor, InProcess, LocalProcess, PerInstance, RunOptions, RunRecord, run};
 pub use store::Store;

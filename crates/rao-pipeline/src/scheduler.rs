@@ -78,6 +78,21 @@ impl Executor for LocalProcess {
     }
 }
 
+/// Routes each instance to its own executor (a stage may name one, e.g. Ray for the rollouts).
+pub struct PerInstance {
+    pub executors: Vec<Arc<dyn Executor>>,
+    pub name: &'static str,
+}
+
+impl Executor for PerInstance {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Manifest, String>> {
+        self.executors[job.instance].execute(c, job)
+    }
+}
+
 #[derive(Clone)]
 pub struct RunOptions {
     pub jobs: usize,

@@ -183,6 +183,9 @@ pub struct PipelineFile {
     /// Global parameters, usable in stage params as `${params.NAME}`.
     #[serde(default)]
     pub params: OrderedMap<Sp<Value>>,
+    /// Where stage instances run unless a stage or `rao run --executor` says otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<ExecutorSpec>,
     /// The stages, by name. Order does not matter: inputs make the edges.
     pub stages: OrderedMap<StageSpec>,
 }
@@ -215,6 +218,9 @@ pub struct StageSpec {
     /// Resources one instance needs; the scheduler never over-commits the run's limits.
     #[serde(default)]
     pub resources: Resources,
+    /// Where this stage's instances run (overrides the pipeline's and the command line's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<ExecutorSpec>,
     /// Fan the stage out over values: one instance per combination, e.g. `{band: [easy, hard]}`.
     #[serde(default)]
     pub matrix: OrderedMap<Sp<Vec<Value>>>,
@@ -299,6 +305,28 @@ impl<'de> Deserialize<'de> for Duration {
             Raw::S(s) => Duration::parse(&s).map_err(serde::de::Error::custom),
         }
     }
+}
+
+/// An execution engine. Not part of any fingerprint: where a stage runs does not change what it
+/// computes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorSpec {
+    pub kind: ExecutorKind,
+    /// `ray`: the Ray dashboard (Jobs API) URL, e.g. `http://head:8265`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExecutorKind {
+    /// Inside the `rao run` process.
+    InProcess,
+    /// Each instance as a `rao exec` child process.
+    Process,
+    /// Each instance as a Ray job (entrypoint `rao exec`).
+    Ray,
 }
 
 /// Resource needs of one stage instance.
