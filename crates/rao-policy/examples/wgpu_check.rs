@@ -41,19 +41,8 @@ fn requests(world: &textcraft::World) -> Vec<SampleRequest> {
 }
 
 fn sequences(reqs: &[SampleRequest], outs: &[(Vec<u32>, Vec<f32>)]) -> Vec<Sequence> {
-    reqs.iter()
-        .zip(outs)
-        .enumerate()
-        .map(|(k, (r, (toks, lps)))| {
-            let mut tokens = r.context.clone();
-            tokens.extend(toks);
-            let mut generated = vec![false; r.context.len()];
-            generated.extend(std::iter::repeat_n(true, toks.len()));
-            let mut old = vec![0.0; r.context.len()];
-            old.extend(lps);
-            Sequence { tokens, generated, old_logprobs: old, advantage: if k % 2 == 0 { 1.0 } else { -0.6 }, recursive: true }
-        })
-        .collect()
+    let advantage = |k: usize| if k % 2 == 0 { 1.0 } else { -0.6 };
+    reqs.iter().zip(outs).enumerate().map(|(k, (r, (toks, lps)))| Sequence::from_completion(&r.context, toks, lps, advantage(k), true)).collect()
 }
 
 fn trace(backend: Backend, cfg: &ModelConfig, grammar: &TextCraftGrammar, reqs: &[SampleRequest], seqs: &[Sequence]) -> anyhow::Result<Trace> {

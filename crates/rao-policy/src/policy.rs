@@ -69,6 +69,16 @@ pub struct Sequence {
     pub recursive: bool,
 }
 
+impl Sequence {
+    /// A prompt followed by one sampled completion and the log-probs it was sampled with.
+    pub fn from_completion(context: &[Tok], completion: &[Tok], logprobs: &[f32], advantage: f32, recursive: bool) -> Sequence {
+        let tokens = [context, completion].concat();
+        let generated = std::iter::repeat_n(false, context.len()).chain(std::iter::repeat_n(true, completion.len())).collect();
+        let old_logprobs = std::iter::repeat_n(0.0, context.len()).chain(logprobs.iter().copied()).collect();
+        Sequence { tokens, generated, old_logprobs, advantage, recursive }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Loss {

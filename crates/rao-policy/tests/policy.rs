@@ -36,18 +36,7 @@ fn requests(world: &textcraft::World) -> Vec<SampleRequest> {
 }
 
 fn as_sequences(reqs: &[SampleRequest], outs: &[(Vec<Tok>, Vec<f32>)], adv: f32) -> Vec<Sequence> {
-    reqs.iter()
-        .zip(outs)
-        .map(|(r, (toks, lps))| {
-            let mut tokens = r.context.clone();
-            tokens.extend(toks);
-            let mut generated = vec![false; r.context.len()];
-            generated.extend(std::iter::repeat_n(true, toks.len()));
-            let mut old = vec![0.0; r.context.len()];
-            old.extend(lps);
-            Sequence { tokens, generated, old_logprobs: old, advantage: adv, recursive: r.recursive }
-        })
-        .collect()
+    reqs.iter().zip(outs).map(|(r, (toks, lps))| Sequence::from_completion(&r.context, toks, lps, adv, r.recursive)).collect()
 }
 
 #[test]
