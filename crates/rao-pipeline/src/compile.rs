@@ -193,7 +193,7 @@ struct Variant {
     /// The pipeline file this one changes (relative to this file).
     extends: Sp<String>,
     name: Sp<String>,
-    #[serde(default)]
+    #[serde(rename = "description", default)]
     _description: Option<String>,
     /// `path.to.key: value`, as `--set` takes them.
     #[serde(default)]

@@ -228,6 +228,18 @@ pub fn input_artifacts(
     Some(out)
 }
 
+/// The arguments of `rao exec` for one instance (after the program name), with absolute paths so
+/// the command works from any directory and on any node that sees the same files and store.
+pub fn exec_args(c: &Compiled, instance: &str, store: &Store) -> Vec<String> {
+    let file = std::fs::canonicalize(&c.file).unwrap_or_else(|_| c.file.clone());
+    let store = store.local_root().map(|r| r.display().to_string()).unwrap_or_else(|| store.url().to_string());
+    let mut args = vec!["exec".to_string(), file.display().to_string(), instance.to_string(), "--store".into(), store, "--quiet".into()];
+    for o in &c.overrides {
+        args.extend(["--set".to_string(), o.clone()]);
+    }
+    args
+}
+
 /// `rao exec`: run one instance by name, reading everything it needs from the store.
 /// Fails if an input is not done; a done instance is not run again.
 pub async fn execute_by_name(

@@ -16,10 +16,11 @@ use serde_json::{Value, json};
 
 use crate::compile::Compiled;
 use crate::events::{Event, Reporter};
-use crate::exec::Job;
+use crate::exec::{Job, exec_args};
 use crate::scheduler::Executor;
 use crate::store::{Manifest, Store, manifest_key};
 
+#[derive(Clone)]
 pub struct Ray {
     /// The Ray dashboard's HTTP address, e.g. `http://127.0.0.1:8265`.
     pub address: String,
@@ -87,17 +88,7 @@ impl Ray {
 
     async fn submit(&self, c: &Compiled, job: &Job, id: &str) -> Result<(), String> {
         let inst = &c.instances[job.instance];
-        // Nodes do not share our working directory: give them absolute paths.
-        let file = std::fs::canonicalize(&c.file).unwrap_or_else(|_| c.file.clone());
-        let store = match self.store.local_root() {
-            Some(root) => root.display().to_string(),
-            None => self.store.url().to_string(),
-        };
-        let mut cmd = vec![self.exe.display().to_string(), "exec".into(), file.display().to_string(), inst.name.clone()];
-        cmd.extend(["--store".to_string(), store, "--quiet".to_string()]);
-        for o in &c.overrides {
-            cmd.extend(["--set".to_string(), o.clone()]);
-        }
+        let cmd = [vec![self.exe.display().to_string()], exec_args(&c, &inst.name, &self.store)].concat();
         let entrypoint = cmd.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ");
         let body = json!({
             "entrypoint": entrypoint,
@@ -172,13 +163,7 @@ impl Executor for Ray {
         "ray"
     }
     fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Manifest, String>> {
-        let me = Ray {
-            address: self.address.clone(),
-            exe: self.exe.clone(),
-            store: self.store.clone(),
-            reporter: self.reporter.clone(),
-            client: self.client.clone(),
-        };
+        let me = self.clone();
         Box::pin(async move { me.run_job(c, job).await })
     }
 }

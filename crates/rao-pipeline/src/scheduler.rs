@@ -54,12 +54,8 @@ impl Executor for LocalProcess {
         Box::pin(async move {
             let inst = &c.instances[job.instance];
             reporter.emit(Event::Started { instance: inst.name.clone(), fingerprint: job.fingerprint.clone(), attempt: 1 });
-            let mut cmd = tokio::process::Command::new(&exe);
-            cmd.arg("exec").arg(&c.file).arg(&inst.name).arg("--store").arg(store.url()).arg("--quiet");
-            for o in &c.overrides {
-                cmd.arg("--set").arg(o);
-            }
-            let out = cmd
+            let out = tokio::process::Command::new(&exe)
+                .args(exec::exec_args(&c, &inst.name, &store))
                 .kill_on_drop(true)
                 .stdin(std::process::Stdio::null())
                 .output()

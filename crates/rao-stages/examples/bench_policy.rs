@@ -25,14 +25,13 @@ fn main() {
 
     // Generation: every row makes exactly 16 tokens then `<eos>` (an untrained model's own actions
     // have random lengths, which would measure the lengths, not the sampler).
-    struct Fixed(usize, Vec<Tok>);
+    struct Fixed(Vec<Tok>);
     impl rao_envs::grammar::Grammar for Fixed {
         fn allowed(&self, _: bool, prefix: &[Tok]) -> Vec<Tok> {
-            if prefix.len() >= 16 { vec![rao_envs::vocab::EOS] } else { self.1.clone() }
+            if prefix.len() >= 16 { vec![rao_envs::vocab::EOS] } else { self.0.clone() }
         }
     }
-    let fixed = Fixed(world.vocab.len(), (4..world.vocab.len() as Tok).collect());
-    let _ = fixed.0;
+    let fixed = Fixed((4..world.vocab.len() as Tok).collect());
     let mut base = 0.0;
     for batch in [1usize, 64] {
         let reqs: Vec<SampleRequest> = (0..batch).map(|i| SampleRequest { context: prompt.clone(), max_new_tokens: 40, seed: i as u64, recursive: true }).collect();
