@@ -1,12 +1,16 @@
 //! The store against a real S3-compatible server (moto's, from PyPI, started here on 127.0.0.1):
 //! a pipeline runs against `s3://bucket/prefix`, is killed mid-run, resumes, and a second
 //! "machine" (another process in a fresh directory) finds everything cached. Credentials come
-//! from the standard AWS variables and never appear in output or records.
+//! from the standard AWS variables and never appear in output or records. Task datasets are read
+//! straight from the bucket and re-run what depends on them when their ETag changes; transient
+//! failures (connection refused, 500s) between rao and the server are retried.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const SECRET: &str = "s3cr3t-never-printed-7f3a";
@@ -42,13 +46,45 @@ fn start_s3() -> S3Server {
     server
 }
 
+/// Send one raw HTTP request to moto and return its reply. A server that has just opened its
+/// port may still reset a connection: try again for a few seconds.
+fn request(port: u16, head: &str, body: &[u8]) -> String {
+    let t0 = Instant::now();
+    loop {
+        let attempt = (|| -> std::io::Result<String> {
+            let mut s = TcpStream::connect(("127.0.0.1", port))?;
+            s.write_all(head.as_bytes())?;
+            s.write_all(body)?;
+            let mut reply = String::new();
+            s.read_to_string(&mut reply)?;
+            Ok(reply)
+        })();
+        match attempt {
+            Ok(reply) => return reply,
+            Err(e) if t0.elapsed() < Duration::from_secs(10) => eprintln!("moto not ready ({e}); retrying"),
+            Err(e) => panic!("moto on port {port}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// `PUT /bucket` (moto does not check signatures for bucket creation).
 fn create_bucket(port: u16, bucket: &str) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
+    let reply = request(port, &format!("PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"), b"");
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+}
+
+/// Upload a local file to `bucket/key` with boto3 (installed with moto), as a user's tooling would.
+fn put_object(port: u16, bucket: &str, key: &str, file: &Path) {
+    let python = std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = "import sys, boto3\n\
+                  s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1', aws_access_key_id='x', aws_secret_access_key='y')\n\
+                  s3.upload_file(sys.argv[2], sys.argv[3], sys.argv[4])\n";
+    let out = Command::new(python)
+        .args(["-c", script, &format!("http://127.0.0.1:{port}"), &file.display().to_string(), bucket, key])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "upload failed: {}", text(&out));
 }
 
 fn rao(args: &[&str], dir: &Path, port: u16) -> Command {
@@ -122,4 +158,154 @@ fn a_pipeline_on_s3_is_killed_resumes_and_is_reused_from_a_fresh_directory() {
     let record = rao(&["status", "p.yaml", "--store", store], machine2.path(), s3.port).output().unwrap();
     assert!(text(&record).contains("3/3 done"), "{}", text(&record));
     assert!(!text(&record).contains(SECRET));
+}
+
+/// Run `rao` and return its JSON events' final summary (done, cached).
+fn run_json(args: &[&str], dir: &Path, port: u16) -> (u64, u64) {
+    let out = rao(args, dir, port).arg("--json").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!text(&out).contains(SECRET), "the secret key leaked into output");
+    let last: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    (last["done"].as_u64().unwrap(), last["cached"].as_u64().unwrap())
+}
+
+#[test]
+fn a_task_dataset_in_the_bucket_reruns_what_reads_it_when_its_etag_changes() {
+    let s3 = start_s3();
+    create_bucket(s3.port, "rao-data");
+    let dir = tempfile::tempdir().unwrap();
+
+    // Two task sets (world.json + tasks.parquet each), made by rao itself in a local store.
+    let make_sets = "name: gen\nstages:\n  a: {kind: synthesize, params: {per_band: 3, task_seed: 1}}\n  b: {kind: synthesize, params: {per_band: 5, task_seed: 2}}\n  \
+               out_a: {kind: shell, params: {command: 'mkdir -p set1 && cp ${inputs.t}/* set1/'}, inputs: {t: a.tasks}, outputs: [o]}\n  \
+               out_b: {kind: shell, params: {command: 'mkdir -p set2 && cp ${inputs.t}/* set2/'}, inputs: {t: b.tasks}, outputs: [o]}\n";
+    std::fs::write(dir.path().join("gen.yaml"), make_sets).unwrap();
+    let made = rao(&["run", "gen.yaml"], dir.path(), s3.port).output().unwrap();
+    assert!(made.status.success(), "{}", text(&made));
+    let read = |p: &str| std::fs::read(dir.path().join(p)).unwrap();
+    put_object(s3.port, "rao-data", "textcraft/world.json", &dir.path().join("set1/world.json"));
+    put_object(s3.port, "rao-data", "textcraft/tasks.parquet", &dir.path().join("set1/tasks.parquet"));
+
+    // The pipeline reads the bucket prefix; its last stage copies the tasks it got out for us.
+    let p = "name: from-bucket\nstore: s3://rao-data/cache\nstages:\n  data: {kind: dataset, params: {url: 's3://rao-data/textcraft/'}}\n  \
+             tasks: {kind: synthesize, inputs: {dataset: data.data}, params: {tasks_file: tasks.parquet}}\n  \
+             seen: {kind: shell, params: {command: 'cp ${inputs.t}/tasks.parquet seen.parquet'}, inputs: {t: tasks.tasks}, outputs: [o]}\n";
+    std::fs::write(dir.path().join("p.yaml"), p).unwrap();
+    assert_eq!(run_json(&["run", "p.yaml"], dir.path(), s3.port), (3, 0));
+    assert_eq!(read("seen.parquet"), read("set1/tasks.parquet"), "the tasks read from the bucket are the tasks uploaded");
+    assert_eq!(run_json(&["run", "p.yaml"], dir.path(), s3.port), (0, 3), "unchanged dataset: all cached");
+
+    // A new version of the task file (new ETag): the dataset and everything after it re-run.
+    put_object(s3.port, "rao-data", "textcraft/tasks.parquet", &dir.path().join("set2/tasks.parquet"));
+    let plan = text(&rao(&["plan", "p.yaml"], dir.path(), s3.port).output().unwrap());
+    assert!(plan.contains("will run") && plan.contains("data"), "{plan}");
+    assert_eq!(run_json(&["run", "p.yaml"], dir.path(), s3.port), (3, 0));
+    assert_eq!(read("seen.parquet"), read("set2/tasks.parquet"));
+    assert_eq!(run_json(&["run", "p.yaml"], dir.path(), s3.port), (0, 3));
+}
+
+/// A real HTTP hop between rao and the S3 server that misbehaves on purpose: it does not listen
+/// for its first `quiet` (connections are refused), then answers every `nth` request with a 500
+/// and forwards the others (one request per connection).
+struct FlakyProxy {
+    port: u16,
+    failures: Arc<AtomicUsize>,
+    forwarded: Arc<AtomicUsize>,
+}
+
+fn start_flaky_proxy(upstream: u16, quiet: Duration, nth: usize) -> FlakyProxy {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (failures, forwarded) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (f, w) = (failures.clone(), forwarded.clone());
+    std::thread::spawn(move || {
+        std::thread::sleep(quiet);
+        let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        for client in listener.incoming().flatten() {
+            let (f, w, seen) = (f.clone(), w.clone(), seen.clone());
+            std::thread::spawn(move || {
+                let _ = relay(client, upstream, || seen.fetch_add(1, Ordering::SeqCst) % nth == nth - 1, &f, &w);
+            });
+        }
+    });
+    FlakyProxy { port, failures, forwarded }
+}
+
+/// Read an HTTP message head (through the blank line) and return it with the bytes read past it.
+fn read_head(s: &mut TcpStream) -> std::io::Result<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let rest = buf.split_off(end + 4);
+            return Ok((String::from_utf8_lossy(&buf).to_string(), rest));
+        }
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The head with its `Connection` header replaced by `Connection: close`.
+fn closing(head: &str) -> String {
+    let mut lines: Vec<&str> = head.trim_end().split("\r\n").filter(|l| !l.to_ascii_lowercase().starts_with("connection:")).collect();
+    lines.push("Connection: close");
+    lines.join("\r\n") + "\r\n\r\n"
+}
+
+fn relay(mut client: TcpStream, upstream: u16, fail: impl Fn() -> bool, failures: &AtomicUsize, forwarded: &AtomicUsize) -> std::io::Result<()> {
+    let (head, mut body) = read_head(&mut client)?;
+    let length = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap()))
+        .unwrap_or(0);
+    assert!(!head.to_ascii_lowercase().contains("transfer-encoding: chunked"), "the proxy handles sized bodies only");
+    while body.len() < length {
+        let mut chunk = vec![0u8; length - body.len()];
+        let n = client.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    if fail() {
+        failures.fetch_add(1, Ordering::SeqCst);
+        let msg = "<Error><Code>InternalError</Code><Message>injected by the test</Message></Error>";
+        return write!(client, "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{msg}", msg.len());
+    }
+    let mut up = TcpStream::connect(("127.0.0.1", upstream))?;
+    up.write_all(closing(&head).as_bytes())?;
+    up.write_all(&body)?;
+    let (reply_head, first) = read_head(&mut up)?;
+    client.write_all(closing(&reply_head).as_bytes())?;
+    client.write_all(&first)?;
+    std::io::copy(&mut up, &mut client)?;
+    forwarded.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[test]
+fn refused_connections_and_500s_from_the_bucket_are_retried() {
+    let s3 = start_s3();
+    create_bucket(s3.port, "rao-flaky");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ran.log");
+    pipeline(dir.path(), &log);
+    let store = "s3://rao-flaky/cache";
+
+    // rao starts while nothing listens on the proxy's port, and every 3rd request then fails.
+    let proxy = start_flaky_proxy(s3.port, Duration::from_millis(1500), 3);
+    let run = rao(&["run", "p.yaml", "--store", store], dir.path(), proxy.port).output().unwrap();
+    assert!(run.status.success(), "{}", text(&run));
+    assert!(!text(&run).contains(SECRET));
+    let (failed, forwarded) = (proxy.failures.load(Ordering::SeqCst), proxy.forwarded.load(Ordering::SeqCst));
+    assert!(failed >= 3 && forwarded >= 6, "the proxy served {failed} failures and {forwarded} good replies");
+
+    // Straight to the server: every stage is done, once, with the right content.
+    let status = text(&rao(&["status", "p.yaml", "--store", store], dir.path(), s3.port).output().unwrap());
+    assert!(status.contains("3/3 done"), "{status}");
+    let ran = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(ran.lines().collect::<Vec<_>>(), ["a", "b", "c"], "each stage ran exactly once");
 }

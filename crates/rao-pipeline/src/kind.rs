@@ -84,11 +84,12 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry with the built-in, RL-free kinds (`shell`, `noop`).
+    /// A registry with the built-in, RL-free kinds (`shell`, `noop`, `dataset`).
     pub fn with_builtins() -> Self {
         let mut r = Registry::default();
         r.register(Arc::new(crate::builtin::Shell));
         r.register(Arc::new(crate::builtin::Noop));
+        r.register(Arc::new(crate::dataset::Dataset));
         r
     }
     pub fn register(&mut self, kind: Arc<dyn StageKind>) {
@@ -130,6 +131,9 @@ pub struct StageContext {
     /// This instance's seed, derived from the pipeline seed and the instance's identity.
     pub seed: u64,
     pub params: Value,
+    /// What the kind's `fingerprint_extra` returned when the run was planned (e.g. a dataset's
+    /// listing), so the stage can check that what it reads is what was fingerprinted.
+    pub fingerprint_extra: String,
     /// The directory of the pipeline file (relative paths in params are taken from here).
     pub base_dir: PathBuf,
     pub inputs: BTreeMap<String, Vec<InputArtifact>>,

@@ -3,6 +3,7 @@
 
 pub mod builtin;
 pub mod compile;
+pub mod dataset;
 pub mod diag;
 pub mod events;
 pub mod exec;

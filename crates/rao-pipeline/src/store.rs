@@ -54,20 +54,8 @@ impl Store {
                 url: url.to_string(),
                 local_root: None,
             }),
-            Some("s3") | Some("s3a") | Some("gs") | Some("az") | Some("azure") | Some("abfs") | Some("abfss") => {
-                let parsed = url::Url::parse(url).map_err(|e| err(e.to_string()))?;
-                let prefix = Path::from_url_path(parsed.path()).map_err(|e| err(e.to_string()))?;
-                let inner: Arc<dyn ObjectStore> = match scheme.unwrap() {
-                    "s3" | "s3a" => {
-                        Arc::new(object_store::aws::AmazonS3Builder::from_env().with_url(url).build().map_err(|e| err(e.to_string()))?)
-                    }
-                    "gs" => Arc::new(
-                        object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url).build().map_err(|e| err(e.to_string()))?,
-                    ),
-                    _ => Arc::new(
-                        object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url).build().map_err(|e| err(e.to_string()))?,
-                    ),
-                };
+            Some(s) if is_cloud_scheme(s) => {
+                let (inner, prefix) = open_cloud(url).map_err(err)?;
                 Ok(Store { inner, prefix, url: url.to_string(), local_root: None })
             }
             Some("file") => {
@@ -188,6 +176,29 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Schemes served by a cloud object store (credentials from the environment).
+pub fn is_cloud_scheme(scheme: &str) -> bool {
+    matches!(scheme, "s3" | "s3a" | "gs" | "az" | "azure" | "abfs" | "abfss")
+}
+
+/// The object store behind a cloud URL (`s3://bucket/prefix`, `gs://…`, `az://…`) and the
+/// URL's path inside it. Credentials and endpoints come from the usual environment variables
+/// (AWS_*, GOOGLE_*, AZURE_*); requests that fail transiently (connection refused, 5xx, 429)
+/// are retried with exponential backoff by object_store's default retry policy.
+pub fn open_cloud(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), String> {
+    let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
+    let path = Path::from_url_path(parsed.path()).map_err(|e| e.to_string())?;
+    let store: Arc<dyn ObjectStore> = match parsed.scheme() {
+        "s3" | "s3a" => Arc::new(object_store::aws::AmazonS3Builder::from_env().with_url(url).build().map_err(|e| e.to_string())?),
+        "gs" => Arc::new(object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url).build().map_err(|e| e.to_string())?),
+        s if is_cloud_scheme(s) => {
+            Arc::new(object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url).build().map_err(|e| e.to_string())?)
+        }
+        other => return Err(format!("`{other}://` is not a cloud object store; use s3://, gs:// or az://")),
+    };
+    Ok((store, path))
 }
 
 /// Where the artifacts of the stage instance with fingerprint `fp` live.

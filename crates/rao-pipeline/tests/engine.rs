@@ -363,3 +363,36 @@ fn a_variant_extends_a_pipeline_and_its_bad_changes_point_at_its_own_lines() {
     let d = rao_pipeline::compile::load(&dir.path().join("missing.yaml"), &[], &registry).unwrap_err();
     assert_eq!(d.items[0].pos.line, 1, "{d}");
 }
+
+#[tokio::test]
+async fn a_dataset_reruns_its_dependents_exactly_when_its_content_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("data/sub")).unwrap();
+    std::fs::write(dir.path().join("data/tasks.jsonl"), "one\n").unwrap();
+    std::fs::write(dir.path().join("data/sub/extra.txt"), "x\n").unwrap();
+    let store = Store::open("memory://", dir.path()).unwrap();
+    let text = "\
+name: x
+stages:
+  data: {kind: dataset, params: {url: data}}
+  use: {kind: shell, params: {command: 'cat ${inputs.d}/tasks.jsonl ${inputs.d}/sub/extra.txt > ${outputs.o}/f'}, inputs: {d: data.data}, outputs: [o]}
+";
+    let r1 = run_with(text, dir.path(), &store, &[], 2).await;
+    assert!(r1.instances.iter().all(|i| i.status == InstanceStatus::Done), "{r1:?}");
+    // Rewriting the same bytes (a new modification time) is still a cache hit.
+    std::fs::write(dir.path().join("data/tasks.jsonl"), "one\n").unwrap();
+    let r2 = run_with(text, dir.path(), &store, &[], 2).await;
+    assert!(r2.instances.iter().all(|i| i.status == InstanceStatus::Cached), "{r2:?}");
+    // New content of the same size: the dataset and what reads it run again, on the new bytes.
+    std::fs::write(dir.path().join("data/tasks.jsonl"), "two\n").unwrap();
+    let r3 = run_with(text, dir.path(), &store, &[], 2).await;
+    assert_eq!((status_of(&r3, "data"), status_of(&r3, "use")), (&InstanceStatus::Done, &InstanceStatus::Done));
+    let fp = r3.instances.iter().find(|i| i.name == "use").unwrap().fingerprint.clone().unwrap();
+    let bytes = store.get(&format!("{}/f", rao_pipeline::store::output_prefix(&fp, "o"))).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&bytes), "two\nx\n");
+
+    // A dataset that is not there is an error at its stage's line, before anything runs.
+    let e = errors("name: x\nstages:\n  gone: {kind: dataset, params: {url: /nonexistent/rao-dataset.jsonl}}\n");
+    assert_eq!(e[0].0, 3, "{e:?}");
+    assert!(e[0].2.contains("stage `gone`") && e[0].2.contains("no object there"), "{e:?}");
+}

@@ -1,4 +1,5 @@
-//! `synthesize`: a task set (world + tasks) from TextCraft-Synth or the original TextCraft files.
+//! `synthesize`: a task set (world + tasks) from TextCraft-Synth, from a task file, or from the
+//! original TextCraft files — local, or the files of a `dataset` input (e.g. read from a bucket).
 
 use futures::future::BoxFuture;
 use rao_envs::textcraft::{self, Band, SynthConfig};
@@ -6,7 +7,9 @@ use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::tasks_io::{TASKS_FILE, WORLD_FILE, tasks_to_parquet};
+use rao_envs::textcraft::{Task, World};
+
+use crate::tasks_io::{TASKS_FILE, WORLD_FILE, read_task_file, tasks_to_parquet};
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
@@ -32,12 +35,19 @@ pub struct SynthesizeParams {
     /// Seed of the world: keep it fixed so every iteration plays in the same world.
     #[serde(default)]
     pub world_seed: u64,
-    /// Original TextCraft: a directory of Minecraft recipe JSON files (relative to the pipeline).
+    /// Original TextCraft: a directory of Minecraft recipe JSON files. File paths are relative to
+    /// the files of the `dataset` input (a `dataset` stage reading a bucket URL or a local path).
     #[serde(default)]
     pub textcraft_dir: Option<String>,
     /// Original TextCraft: the JSONL task file (with `textcraft_dir`).
     #[serde(default)]
     pub textcraft_tasks: Option<String>,
+    /// A task file in rao's format, in the world of `world`/`world_seed` (or of a `world.json`
+    /// next to it): `tasks.parquet` as this stage writes it, or `.jsonl` with one
+    /// `{"target": …, "count": …, "inventory": [[item, units], …]}` per line (`id` optional).
+    /// Every task is kept; `split` marks them training or validation.
+    #[serde(default)]
+    pub tasks_file: Option<String>,
     /// Difficulty bands to draw from.
     #[serde(default = "default_bands")]
     pub bands: Vec<Band>,
@@ -86,49 +96,81 @@ impl TypedStage for Synthesize {
     type Params = SynthesizeParams;
     const NAME: &'static str = "synthesize";
     const VERSION: u32 = 1;
-    const DESCRIBE: &'static str = "draw TextCraft tasks by difficulty band (synthetic world or original TextCraft files)";
-    const INPUTS: &'static [InputDecl] = &[];
+    const DESCRIBE: &'static str = "draw TextCraft tasks by difficulty band, or read them from a task file or the original TextCraft files";
+    const INPUTS: &'static [InputDecl] = &[InputDecl { name: "dataset", required: false }];
     const OUTPUTS: &'static [&'static str] = &["tasks"];
 
     fn run(ctx: StageContext, p: SynthesizeParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
-            let (world, tasks) = match (&p.textcraft_dir, &p.textcraft_tasks) {
-                (Some(dir), Some(tasks)) => textcraft::minecraft::load(&ctx.base_dir.join(dir), &ctx.base_dir.join(tasks))?,
-                (None, None) => {
-                    let world = textcraft::generate(&p.world.config()?, p.world_seed);
-                    let seed = p.task_seed.unwrap_or(ctx.seed);
-                    let mut tasks = Vec::new();
-                    let validation = p.split == Split::Validation;
-                    match p.tiers {
-                        Some([lo, hi]) => {
-                            tasks = textcraft::synthesize_tiers(&world, &format!("tiers{lo}-{hi}"), (lo, hi), 3, p.per_band, validation, seed)
-                        }
-                        None => {
-                            for &band in &p.bands {
-                                tasks.extend(textcraft::synthesize(&world, band, p.per_band, validation, seed));
-                            }
-                        }
-                    }
-                    anyhow::ensure!(
-                        !tasks.is_empty(),
-                        "no tasks: the world has no {} targets in {}",
-                        if validation { "held-out" } else { "training" },
-                        match p.tiers {
-                            Some([lo, hi]) => format!("tiers {lo}..={hi}"),
-                            None => format!("bands {:?}", p.bands),
-                        }
-                    );
+            // Files named by params come only from the dataset input, whose fingerprint covers
+            // their content (a local path read directly would not re-run when edited).
+            let root = match ctx.inputs.get("dataset").map(Vec::as_slice) {
+                Some([artifact]) => Some(ctx.input_dir(artifact).await?),
+                Some(_) => anyhow::bail!("input `dataset` takes exactly one dataset"),
+                None => None,
+            };
+            let uses_files = p.textcraft_dir.is_some() || p.textcraft_tasks.is_some() || p.tasks_file.is_some();
+            let Some(root) = root.filter(|_| uses_files) else {
+                anyhow::ensure!(
+                    !uses_files,
+                    "task files are read from a `dataset` input, so that editing them re-runs this stage: add a stage \
+                     `{{kind: dataset, params: {{url: PATH_OR_BUCKET_URL}}}}` and `inputs: {{dataset: THAT_STAGE.data}}`"
+                );
+                anyhow::ensure!(
+                    !ctx.inputs.contains_key("dataset"),
+                    "with a `dataset` input, name the file that holds the tasks: `tasks_file`, or `textcraft_dir` and `textcraft_tasks`"
+                );
+                let (world, tasks) = synthetic(&p, ctx.seed)?;
+                return write_tasks(&ctx, &world, &tasks);
+            };
+            let file = |name: &str| root.join(name);
+            let validation = p.split == Split::Validation;
+            let (world, tasks) = match (&p.textcraft_dir, &p.textcraft_tasks, &p.tasks_file) {
+                (Some(dir), Some(tasks), None) => textcraft::minecraft::load(&file(dir), &file(tasks))?,
+                (None, None, Some(name)) => {
+                    let path = file(name);
+                    let world = match path.parent().map(|d| d.join(WORLD_FILE)).filter(|w| w.is_file()) {
+                        Some(w) => World::from_json(&std::fs::read_to_string(w)?)?,
+                        None => textcraft::generate(&p.world.config()?, p.world_seed),
+                    };
+                    let mut tasks = read_task_file(&world, &path)?;
+                    tasks.iter_mut().for_each(|t| t.validation = validation);
                     (world, tasks)
                 }
-                _ => anyhow::bail!("give both `textcraft_dir` and `textcraft_tasks`, or neither"),
+                _ => anyhow::bail!("give `tasks_file`, or both `textcraft_dir` and `textcraft_tasks`"),
             };
-            for t in &tasks {
-                anyhow::ensure!(textcraft::is_solvable(&world, t), "task {} is not solvable from its inventory", t.id);
-            }
-            ctx.set_metric("tasks", tasks.len() as f64);
-            ctx.write_output("tasks", WORLD_FILE, serde_json::to_string(&world)?.as_bytes())?;
-            ctx.write_output("tasks", TASKS_FILE, &tasks_to_parquet(&world, &tasks)?)?;
-            Ok(())
+            write_tasks(&ctx, &world, &tasks)
         })
     }
+}
+
+fn write_tasks(ctx: &StageContext, world: &World, tasks: &[Task]) -> anyhow::Result<()> {
+    for t in tasks {
+        anyhow::ensure!(textcraft::is_solvable(world, t), "task {} is not solvable from its inventory", t.id);
+    }
+    ctx.set_metric("tasks", tasks.len() as f64);
+    ctx.write_output("tasks", WORLD_FILE, serde_json::to_string(world)?.as_bytes())?;
+    ctx.write_output("tasks", TASKS_FILE, &tasks_to_parquet(world, tasks)?)?;
+    Ok(())
+}
+
+/// Tasks drawn from the synthetic world by band (or tier range).
+fn synthetic(p: &SynthesizeParams, instance_seed: u64) -> anyhow::Result<(World, Vec<Task>)> {
+    let world = textcraft::generate(&p.world.config()?, p.world_seed);
+    let seed = p.task_seed.unwrap_or(instance_seed);
+    let validation = p.split == Split::Validation;
+    let tasks = match p.tiers {
+        Some([lo, hi]) => textcraft::synthesize_tiers(&world, &format!("tiers{lo}-{hi}"), (lo, hi), 3, p.per_band, validation, seed),
+        None => p.bands.iter().flat_map(|&band| textcraft::synthesize(&world, band, p.per_band, validation, seed)).collect(),
+    };
+    anyhow::ensure!(
+        !tasks.is_empty(),
+        "no tasks: the world has no {} targets in {}",
+        if validation { "held-out" } else { "training" },
+        match p.tiers {
+            Some([lo, hi]) => format!("tiers {lo}..={hi}"),
+            None => format!("bands {:?}", p.bands),
+        }
+    );
+    Ok((world, tasks))
 }

@@ -68,3 +68,55 @@ pub async fn load_tasks(ctx: &rao_pipeline::StageContext, input: &str) -> anyhow
     }
     Ok((world, tasks))
 }
+
+/// A task file in rao's format: `.parquet` as `synthesize` writes it, or `.jsonl` with one
+/// `{"id"?, "target", "count"?, "inventory": [[item, units], …], "band"?}` object per line.
+pub fn read_task_file(world: &World, path: &std::path::Path) -> anyhow::Result<Vec<Task>> {
+    let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("task file {}: {e}", path.display()))?;
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("parquet") => tasks_from_parquet(world, Bytes::from(bytes)),
+        Some("jsonl") | Some("json") => tasks_from_jsonl(world, std::str::from_utf8(&bytes)?)
+            .map_err(|e| anyhow::anyhow!("task file {}: {e}", path.display())),
+        _ => anyhow::bail!("task file {}: use a .parquet or .jsonl file", path.display()),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskLine {
+    id: Option<String>,
+    target: String,
+    #[serde(default = "one")]
+    count: u32,
+    inventory: Vec<(String, u32)>,
+    #[serde(default)]
+    band: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+pub fn tasks_from_jsonl(world: &World, text: &str) -> anyhow::Result<Vec<Task>> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let at = |m: String| anyhow::anyhow!("line {}: {m}", n + 1);
+        let t: TaskLine = serde_json::from_str(line).map_err(|e| at(e.to_string()))?;
+        let item = |name: &str| world.by_name(name).ok_or_else(|| at(format!("unknown item `{name}` (not in this world)")));
+        let mut inventory = t.inventory.iter().map(|(name, units)| Ok((item(name)?, *units))).collect::<anyhow::Result<Vec<_>>>()?;
+        inventory.sort();
+        out.push(Task {
+            id: t.id.unwrap_or_else(|| format!("line-{}", n + 1)),
+            band: match &t.band {
+                Some(b) => Some(Band::parse(b).ok_or_else(|| at(format!("unknown band `{b}`")))?),
+                None => None,
+            },
+            target: item(&t.target)?,
+            count: t.count,
+            inventory,
+            validation: false,
+            gold: Vec::new(),
+        });
+    }
+    Ok(out)
+}
