@@ -6,5 +6,5 @@ pub mod policy;
 pub mod runtime;
 
 pub use batcher::Batcher;
-pub use policy::{Policy, Request, Response, ScriptedExpert, UniformRandom};
+pub use policy::{Policy, Request, Response, ScriptedExpert, ScriptedPolicy, UniformRandom};
 pub use runtime::{Limits, RunMeta, TreeSpec, run_trees};

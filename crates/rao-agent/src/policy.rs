@@ -60,6 +60,20 @@ impl Policy for ScriptedExpert {
     }
 }
 
+/// Any environment's scripted expert as a policy: a function from a node's context and window
+/// to its next action (deterministic: log-probs 0).
+pub struct ScriptedPolicy<F>(pub F);
+
+impl<F: Fn(&[Tok], usize) -> Vec<Tok> + Send + Sync> Policy for ScriptedPolicy<F> {
+    fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
+        let out = batch
+            .into_iter()
+            .map(|r| finish_action((self.0)(&r.context, r.context.len() + r.max_new_tokens), r.max_new_tokens, 0.0))
+            .collect();
+        Box::pin(async move { out })
+    }
+}
+
 /// Uniformly random well-formed actions (a floor to compare against).
 pub struct UniformRandom {
     pub world: Arc<World>,

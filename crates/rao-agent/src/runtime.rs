@@ -162,6 +162,8 @@ fn run_node(
         let mut own: BTreeMap<String, i64> = BTreeMap::new();
         let mut subtree: BTreeMap<String, i64> = BTreeMap::new();
         let mut result: Option<String> = None;
+        // Results of finished children, in launch order: the node's variables.
+        let mut child_results: Vec<Option<String>> = Vec::new();
         let mut children_launched: u32 = 0;
         let mut end_status = if context.len() >= limits.window { Some(status::CONTEXT_OVERFLOW) } else { None };
         let mut steps: u32 = 0;
@@ -193,7 +195,7 @@ fn run_node(
                 break;
             }
             let action = &resp.tokens[..resp.tokens.len() - 1];
-            let out = ep.step(&goal, action, recursive);
+            let out = ep.step_with_results(&goal, action, recursive, &child_results);
             for (k, v) in out.counters {
                 *own.entry(k.clone()).or_default() += v;
                 *subtree.entry(k).or_default() += v;
@@ -255,6 +257,7 @@ fn run_node(
                                     *subtree.entry(k.clone()).or_default() += v;
                                 }
                                 receipts.extend(ep.receipt(child.score, child.result.as_deref()));
+                                child_results.push(child.result.clone());
                             }
                             // Back in the rounds (the last child handed us its slot).
                             turn.observation = vocab.text(&receipts);

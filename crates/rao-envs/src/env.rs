@@ -49,6 +49,12 @@ pub trait Episode: Send + Sync {
     fn prompt(&self, goal: &[Tok], depth: u32, recursive: bool) -> Vec<Tok>;
     /// Apply one action (without its `<eos>`) of a node whose goal is `goal`.
     fn step(&self, goal: &[Tok], action: &[Tok], recursive: bool) -> StepOutput;
+    /// `step` for actions that read the results of the node's finished children, which the
+    /// runtime holds for it as variables (in launch order; `None`: the child set none). Only
+    /// environments with such actions (e.g. `answer sum`) override it.
+    fn step_with_results(&self, goal: &[Tok], action: &[Tok], recursive: bool, _children: &[Option<String>]) -> StepOutput {
+        self.step(goal, action, recursive)
+    }
     /// The receipt tokens for one finished child (its result stays in the parent's variables).
     fn receipt(&self, score: f64, result: Option<&str>) -> Vec<Tok>;
     /// The observation for a refused launch.

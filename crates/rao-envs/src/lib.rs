@@ -3,6 +3,9 @@
 
 pub mod env;
 pub mod grammar;
+pub mod longdoc;
+pub mod multihop;
+pub mod node;
 pub mod rng;
 pub mod textcraft;
 pub mod vocab;
