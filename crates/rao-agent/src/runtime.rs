@@ -25,6 +25,9 @@ pub struct Limits {
     pub window: usize,
     /// Actions per node (recursive default 25; a flat agent gets 200).
     pub step_budget: u32,
+    /// Actions of the root, where it differs from other nodes' (e.g. root 15, children 25).
+    #[serde(default)]
+    pub root_step_budget: Option<u32>,
     /// Deepest level a node may be launched at (root = 0).
     pub max_depth: u32,
     /// Children one node may launch in all.
@@ -35,10 +38,10 @@ pub struct Limits {
 
 impl Limits {
     pub fn recursive(window: usize) -> Self {
-        Limits { window, step_budget: 25, max_depth: 6, max_children: 8, max_nodes: 512 }
+        Limits { window, step_budget: 25, root_step_budget: None, max_depth: 6, max_children: 8, max_nodes: 512 }
     }
     pub fn flat(window: usize) -> Self {
-        Limits { window, step_budget: 200, max_depth: 0, max_children: 0, max_nodes: 1 }
+        Limits { window, step_budget: 200, root_step_budget: None, max_depth: 0, max_children: 0, max_nodes: 1 }
     }
 }
 
@@ -168,7 +171,8 @@ fn run_node(
         let mut end_status = if context.len() >= limits.window { Some(status::CONTEXT_OVERFLOW) } else { None };
         let mut steps: u32 = 0;
         while end_status.is_none() {
-            if steps >= limits.step_budget {
+            let budget = if depth == 0 { limits.root_step_budget.unwrap_or(limits.step_budget) } else { limits.step_budget };
+            if steps >= budget {
                 end_status = Some(status::STEP_BUDGET);
                 break;
             }

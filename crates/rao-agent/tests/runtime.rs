@@ -61,7 +61,7 @@ impl Policy for Spawner {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caps_refuse_launches_as_observations() {
     let w = world();
-    let limits = Limits { window: 4096, step_budget: 4, max_depth: 3, max_children: 6, max_nodes: 40 };
+    let limits = Limits { window: 4096, step_budget: 4, root_step_budget: None, max_depth: 3, max_children: 6, max_nodes: 40 };
     let (trees, _) = run(&w, Arc::new(Spawner { world: w.clone() }), Band::Easy, 4, true, limits).await;
     for t in &trees {
         assert!(t.len() <= 40, "max_nodes holds: {}", t.len());
@@ -150,7 +150,7 @@ fn strip_timing(trees: Vec<Vec<NodeRecord>>) -> Vec<Vec<NodeRecord>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_seed_same_trees_even_for_a_random_policy() {
     let w = world();
-    let limits = Limits { window: 128, step_budget: 8, max_depth: 3, max_children: 4, max_nodes: 30 };
+    let limits = Limits { window: 128, step_budget: 8, root_step_budget: None, max_depth: 3, max_children: 4, max_nodes: 30 };
     let a = strip_timing(run(&w, Arc::new(UniformRandom { world: w.clone() }), Band::Medium, 16, true, limits).await.0);
     let b = strip_timing(run(&w, Arc::new(UniformRandom { world: w.clone() }), Band::Medium, 16, true, limits).await.0);
     assert_eq!(a, b);

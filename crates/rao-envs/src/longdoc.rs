@@ -28,7 +28,8 @@ pub const WIDTH: usize = 3;
 /// Tokens per document line (`SPEAKER VERB WORD`).
 pub const LINE_TOKENS: usize = 3;
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
 pub struct DocConfig {
     pub speakers: usize,
     pub spells: usize,

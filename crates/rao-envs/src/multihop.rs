@@ -21,7 +21,8 @@ pub const LANGUAGE: &[&str] = &["search", "spawn", "answer", "got", "none", "err
 /// Tokens per fact on a page (`SUBJECT RELATION OBJECT`).
 pub const FACT_TOKENS: usize = 3;
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
 pub struct GraphConfig {
     pub entities: usize,
     pub relations: usize,

@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use rao_agent::{Limits, RunMeta, ScriptedExpert};
 use rao_envs::textcraft::{self, Band, ExpertConfig, SynthConfig};
+use rao_stages::envs::TaskSet;
+use rao_stages::envs::textcraft::task_set;
 use rao_stages::rollout::{Mode, rollout_trees};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -15,13 +17,13 @@ async fn main() {
     println!("{:>6} {:>10} {:>12} {:>14} {:>10}", "trees", "nodes", "nodes/s", "tokens/s", "seconds");
     let mut base = 0.0;
     for concurrent in [1usize, 8, 64] {
-        let tasks = textcraft::synthesize(&world, Band::Medium, concurrent, false, 3);
+        let set = task_set(&world, &textcraft::synthesize(&world, Band::Medium, concurrent, false, 3));
         let policy = Arc::new(ScriptedExpert { world: world.clone(), config: ExpertConfig::default() });
         // Repeat so each setting runs ≥ 1 s.
         let (mut nodes, mut tokens, mut reps) = (0usize, 0usize, 0usize);
         let t0 = Instant::now();
         while t0.elapsed().as_secs_f64() < 1.0 {
-            let trees = rollout_trees(&world, &tasks, policy.clone(), Mode::Recursive, 1, Limits::recursive(96), RunMeta::default(), reps as u64).await;
+            let trees = rollout_trees(&set, &set.all(), policy.clone(), Mode::Recursive, 1, Limits::recursive(96), RunMeta::default(), reps as u64).await;
             nodes += trees.iter().map(|t| t.len()).sum::<usize>();
             tokens += trees.iter().flatten().map(|n| n.context_tokens as usize).sum::<usize>();
             reps += 1;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use rao_agent::{Limits, RunMeta, ScriptedExpert};
 use rao_envs::textcraft::{self, Band, ExpertConfig, SynthConfig};
+use rao_stages::envs::textcraft::task_set;
 use rao_stages::rollout::{Mode, rollout_trees, tree_metrics};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -21,7 +22,7 @@ async fn main() {
                     }
                     let policy = Arc::new(ScriptedExpert { world: world.clone(), config: ExpertConfig::default() });
                     let limits = if mode == Mode::Recursive { Limits { max_nodes: 4096, ..Limits::recursive(w) } } else { Limits::flat(w) };
-                    let trees = rollout_trees(&world, &tasks, policy, mode, 1, limits, RunMeta::default(), 1).await;
+                    let trees = rollout_trees(&task_set(&world, &tasks), &(0..tasks.len()).collect::<Vec<_>>(), policy, mode, 1, limits, RunMeta::default(), 1).await;
                     let ok = trees.iter().filter(|t| t[0].score >= 1.0).count() as f64 / trees.len() as f64;
                     let nodes = trees.iter().map(|t| t.len()).sum::<usize>() as f64 / trees.len() as f64;
                     let why = {
@@ -47,7 +48,7 @@ async fn main() {
         for (name, tasks) in [("shallow(t1-2)", &shallow), ("easy", &easy)] {
             let config = ExpertConfig { max_depth: 6, delegate, noise, seed: 3 };
             let policy = Arc::new(ScriptedExpert { world: world.clone(), config });
-            let trees = rollout_trees(&world, tasks, policy, Mode::Recursive, 1, limits.clone(), RunMeta::default(), 1).await;
+            let trees = rollout_trees(&task_set(&world, tasks), &(0..tasks.len()).collect::<Vec<_>>(), policy, Mode::Recursive, 1, limits.clone(), RunMeta::default(), 1).await;
             let m: std::collections::BTreeMap<_, _> = tree_metrics(&trees).into_iter().collect();
             line.push_str(&format!("  {name} node={:.2} root={:.2}", m["node_success"], m["root_success"]));
         }

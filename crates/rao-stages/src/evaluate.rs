@@ -1,4 +1,5 @@
-//! `evaluate`: success on held-out tasks of every band, for the recursive agent and a flat
+//! `evaluate`: success on held-out tasks of every band (or other report group of the task's
+//! environment: tier range, document length, hop count), for the recursive agent and a flat
 //! baseline, with confidence intervals, tree shape, cost and wall-clock; metrics to Parquet and a
 //! self-contained HTML report with SVG plots.
 
@@ -7,13 +8,12 @@ use std::collections::BTreeMap;
 use futures::future::BoxFuture;
 use rao_core::NodeRecord;
 use rao_core::parquet_io::{Column, table_to_parquet};
-use rao_envs::textcraft::{Band, Task};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::rollout::{ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, make_policy, rollout_trees};
-use crate::tasks_io::load_tasks;
+use crate::envs;
 use crate::training::write_trees;
 use crate::update::HISTORY_FILE;
 
@@ -61,6 +61,10 @@ pub struct EvalRow {
     pub band: String,
     pub tasks: usize,
     pub success: f64,
+    /// Mean root score (equal to `success` where scores are 0 or 1; partial credit otherwise,
+    /// e.g. 0.75^|error| for counts).
+    #[serde(default)]
+    pub mean_score: f64,
     pub ci_low: f64,
     pub ci_high: f64,
     pub mean_depth: f64,
@@ -83,23 +87,6 @@ pub fn wilson(successes: usize, n: usize) -> (f64, f64) {
     ((centre - half).max(0.0), (centre + half).min(1.0))
 }
 
-/// The row a task is reported under: its band, or for tasks drawn by tier range the label of
-/// the draw (ids are `{label}-{split}-{k}`).
-pub fn task_group(task: &Task) -> String {
-    match task.band {
-        Some(b) => b.name().to_string(),
-        None => task.id.rsplitn(3, '-').last().unwrap_or(&task.id).to_string(),
-    }
-}
-
-/// Report groups present in `tasks`: bands in difficulty order, then other labels sorted.
-fn task_groups(tasks: &[Task]) -> Vec<String> {
-    let present: std::collections::BTreeSet<String> = tasks.iter().map(task_group).collect();
-    let mut out: Vec<String> = Band::ALL.iter().map(|b| b.name().to_string()).filter(|b| present.contains(b)).collect();
-    out.extend(present.into_iter().filter(|g| Band::parse(g).is_none()));
-    out
-}
-
 pub fn summarize(label: &str, mode: &str, band: &str, trees: &[&Vec<NodeRecord>]) -> EvalRow {
     let n = trees.len();
     let ok = trees.iter().filter(|t| t[0].score >= 1.0).count();
@@ -112,6 +99,7 @@ pub fn summarize(label: &str, mode: &str, band: &str, trees: &[&Vec<NodeRecord>]
         band: band.into(),
         tasks: n,
         success: ok as f64 / nf,
+        mean_score: sum(&|t| t[0].score),
         ci_low: lo,
         ci_high: hi,
         mean_depth: sum(&|t| t.iter().map(|x| x.depth).max().unwrap_or(0) as f64),
@@ -132,14 +120,16 @@ pub struct Evaluate;
 impl TypedStage for Evaluate {
     type Params = EvaluateParams;
     const NAME: &'static str = "evaluate";
-    const VERSION: u32 = 1;
+    const VERSION: u32 = 2; // 2: mean root score column; any environment
     const DESCRIBE: &'static str = "held-out success per band (with 95% CI), tree shape, cost and wall-clock; Parquet + HTML report";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "checkpoint", required: false }];
     const OUTPUTS: &'static [&'static str] = &["report"];
 
     fn run(ctx: StageContext, p: EvaluateParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
-            let (world, tasks) = load_tasks(&ctx, "tasks").await?;
+            let set = envs::load(&ctx, "tasks").await?;
+            let all: Vec<usize> = (0..set.len()).collect();
+            let group_of: BTreeMap<&str, String> = (0..set.len()).map(|i| (set.id(i), set.label(i))).collect();
             let label = p.label.clone().unwrap_or_else(|| ctx.pipeline.clone());
             let rp = RolloutParams {
                 policy: p.policy,
@@ -152,20 +142,18 @@ impl TypedStage for Evaluate {
                 iteration: 0,
                 shard: None,
             };
-            let policy = make_policy(&ctx, &world, &rp).await?;
+            let policy = make_policy(&ctx, set.as_ref(), &rp).await?;
             let mut rows = Vec::new();
             let mut all_nodes = Vec::new();
             let mut depth_hist: BTreeMap<String, BTreeMap<i32, usize>> = BTreeMap::new();
             for &mode in &p.modes {
                 let mode_name = if mode == Mode::Recursive { "recursive" } else { "flat" };
                 let trees =
-                    rollout_trees(&world, &tasks, policy.clone(), mode, p.group_size, p.limits.limits(mode), Default::default(), ctx.seed)
+                    rollout_trees(set.as_ref(), &all, policy.clone(), mode, p.group_size, p.limits.limits(mode), Default::default(), ctx.seed)
                         .await;
-                for group in task_groups(&tasks) {
-                    let mine: Vec<&Vec<NodeRecord>> = trees
-                        .iter()
-                        .filter(|t| tasks.iter().find(|x| x.id == t[0].task_id).is_some_and(|x| task_group(x) == group))
-                        .collect();
+                for group in set.label_order() {
+                    let mine: Vec<&Vec<NodeRecord>> =
+                        trees.iter().filter(|t| group_of.get(t[0].task_id.as_str()) == Some(&group)).collect();
                     if mine.is_empty() {
                         continue;
                     }
@@ -205,6 +193,7 @@ fn rows_to_parquet(rows: &[EvalRow]) -> anyhow::Result<bytes::Bytes> {
         ("band", s(&|r| r.band.clone())),
         ("tasks", Column::I64(rows.iter().map(|r| r.tasks as i64).collect())),
         ("success", f(&|r| r.success)),
+        ("mean_score", f(&|r| r.mean_score)),
         ("ci_low", f(&|r| r.ci_low)),
         ("ci_high", f(&|r| r.ci_high)),
         ("mean_depth", f(&|r| r.mean_depth)),
@@ -219,18 +208,19 @@ fn rows_to_parquet(rows: &[EvalRow]) -> anyhow::Result<bytes::Bytes> {
 /// The summary table as text (for `rao report`).
 pub fn table(rows: &[EvalRow]) -> String {
     let mut s = format!(
-        "{:<18} {:<10} {:<8} {:>5} {:>8} {:>15} {:>6} {:>6} {:>7} {:>8} {:>8} {:>8}\n",
-        "label", "mode", "band", "tasks", "success", "95% CI", "depth", "nodes", "steps", "tokens", "overflow", "s/task"
+        "{:<18} {:<10} {:<13} {:>5} {:>8} {:>15} {:>6} {:>6} {:>6} {:>7} {:>8} {:>8} {:>8}\n",
+        "label", "mode", "band", "tasks", "success", "95% CI", "score", "depth", "nodes", "steps", "tokens", "overflow", "s/task"
     );
     for r in rows {
         s.push_str(&format!(
-            "{:<18} {:<10} {:<8} {:>5} {:>8.2} {:>15} {:>6.2} {:>6.1} {:>7.1} {:>8.0} {:>8.2} {:>8.4}\n",
+            "{:<18} {:<10} {:<13} {:>5} {:>8.2} {:>15} {:>6.2} {:>6.2} {:>6.1} {:>7.1} {:>8.0} {:>8.2} {:>8.4}\n",
             r.label,
             r.mode,
             r.band,
             r.tasks,
             r.success,
             format!("[{:.2}, {:.2}]", r.ci_low, r.ci_high),
+            r.mean_score,
             r.mean_depth,
             r.mean_nodes,
             r.steps_per_task,

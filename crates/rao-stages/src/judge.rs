@@ -5,13 +5,12 @@ use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 use rao_core::NodeRecord;
-use rao_envs::textcraft::verify_goal;
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::llm_judge::{LlmJudge, LlmJudgeParams};
-use crate::tasks_io::load_tasks;
+use crate::envs::{self, TaskSet};
 use crate::training::{read_trees, write_trees};
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -26,7 +25,16 @@ pub enum JudgeParams {
 }
 
 /// Exact scores from the node table alone: a node's subtree counters and whether it finished.
-pub fn exact_scores(world: &rao_envs::textcraft::World, nodes: &mut [NodeRecord]) {
+pub fn exact_scores(set: &dyn TaskSet, nodes: &mut [NodeRecord]) -> anyhow::Result<()> {
+    // One episode per task: verifiers read the task (and the world), never episode state.
+    let index: BTreeMap<&str, usize> = (0..set.len()).map(|i| (set.id(i), i)).collect();
+    let mut episodes: BTreeMap<String, std::sync::Arc<dyn rao_envs::Episode>> = BTreeMap::new();
+    for n in nodes.iter() {
+        if !episodes.contains_key(&n.task_id) {
+            let i = *index.get(n.task_id.as_str()).ok_or_else(|| anyhow::anyhow!("node of task `{}`, which is not in the tasks input", n.task_id))?;
+            episodes.insert(n.task_id.clone(), set.episode(i));
+        }
+    }
     // Subtree counters per (task, iteration, group, node).
     type Key = (String, i32, i32, i32);
     let key = |n: &NodeRecord, id: i32| (n.task_id.clone(), n.iteration, n.group, id);
@@ -46,11 +54,13 @@ pub fn exact_scores(world: &rao_envs::textcraft::World, nodes: &mut [NodeRecord]
                 *parent.entry(k.clone()).or_default() += v;
             }
         }
-        let score = verify_goal(world, &n.goal_ids, n.status == rao_core::tree::status::FINISHED, &mine);
+        let finished = n.status == rao_core::tree::status::FINISHED;
+        let score = episodes[&n.task_id].verify(&n.goal_ids, finished, n.result.as_deref(), &mine);
         nodes[i].score = score;
         nodes[i].judge = Some("exact".into());
         subtree.insert(key(&nodes[i], nodes[i].node_id), mine);
     }
+    Ok(())
 }
 
 pub fn root_proxy(nodes: &mut [NodeRecord]) {
@@ -74,9 +84,9 @@ impl TypedStage for Judge {
 
     fn run(ctx: StageContext, p: JudgeParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
-            let (world, _) = load_tasks(&ctx, "tasks").await?;
+            let set = envs::load(&ctx, "tasks").await?;
             let mut nodes = read_trees(&ctx, "trees").await?;
-            exact_scores(&world, &mut nodes);
+            exact_scores(set.as_ref(), &mut nodes)?;
             match &p {
                 JudgeParams::Exact => {}
                 JudgeParams::RootProxy => root_proxy(&mut nodes),

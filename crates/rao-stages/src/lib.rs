@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use rao_pipeline::{Registry, Typed};
 
+pub mod envs;
 pub mod inspect;
 pub mod rollout;
 pub mod synthesize;
@@ -19,6 +20,7 @@ pub fn registry() -> Registry {
     r.register(Arc::new(Typed::<advantage::Advantage>::default()));
     r.register(Arc::new(Typed::<update::Update>::default()));
     r.register(Arc::new(Typed::<evaluate::Evaluate>::default()));
+    envs::register(&mut r);
     r
 }
 pub mod advantage;

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use rao_agent::{Policy as RuntimePolicy, Request, Response};
-use rao_envs::textcraft::World;
-use rao_envs::textcraft::grammar::TextCraftGrammar;
+use rao_envs::grammar::Grammar;
+use rao_envs::{Tok, Vocab};
 use rao_pipeline::{InputArtifact, StageContext};
 use rao_policy::policy::CheckpointMeta;
 use rao_policy::{Backend, Checkpoint, Policy, SampleRequest};
@@ -38,14 +38,21 @@ pub async fn load_policy(ctx: &StageContext, input: &str, backend: Backend) -> a
 /// Serves a round's batch with one batched, constrained, KV-cached sampling pass.
 pub struct NeuralPolicy {
     pub policy: Arc<Policy>,
-    pub grammar: Arc<TextCraftGrammar>,
-    pub world: Arc<World>,
+    pub grammar: Arc<dyn Grammar>,
+    /// The `<rec>` token: a node's mode is the second token of its context.
+    pub rec: Tok,
     pub temperature: f64,
+}
+
+impl NeuralPolicy {
+    pub fn new(policy: Arc<Policy>, grammar: Arc<dyn Grammar>, vocab: &Vocab, temperature: f64) -> Self {
+        NeuralPolicy { policy, grammar, rec: vocab.id("<rec>"), temperature }
+    }
 }
 
 impl RuntimePolicy for NeuralPolicy {
     fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
-        let rec = self.world.vocab.id("<rec>");
+        let rec = self.rec;
         let reqs: Vec<SampleRequest> = batch
             .into_iter()
             .map(|r| SampleRequest {

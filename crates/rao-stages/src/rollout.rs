@@ -3,16 +3,14 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use rao_agent::{Batcher, Limits, Policy, RunMeta, ScriptedExpert, TreeSpec, UniformRandom, run_trees};
+use rao_agent::{Batcher, Limits, Policy, RunMeta, TreeSpec, run_trees};
 use rao_core::NodeRecord;
 use rao_core::parquet_io::nodes_to_parquet;
-use rao_envs::textcraft::grammar::TextCraftGrammar;
-use rao_envs::textcraft::{ExpertConfig, TextCraftEpisode, World};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::tasks_io::load_tasks;
+use crate::envs::{self, ExpertSpec, TaskSet};
 
 pub const TREES_FILE: &str = "trees.parquet";
 
@@ -62,6 +60,10 @@ pub struct LimitParams {
     /// Steps per node; default 25 recursive, 200 flat.
     #[serde(default)]
     pub step_budget: Option<u32>,
+    /// Steps of a recursive tree's root, if not `step_budget` (the long-document reference
+    /// settings: root 15, children 25).
+    #[serde(default)]
+    pub root_step_budget: Option<u32>,
     #[serde(default = "default_depth")]
     pub max_depth: u32,
     #[serde(default = "default_children")]
@@ -88,6 +90,7 @@ impl Default for LimitParams {
         LimitParams {
             window: default_window(),
             step_budget: None,
+            root_step_budget: None,
             max_depth: default_depth(),
             max_children: default_children(),
             max_nodes: default_nodes(),
@@ -103,6 +106,7 @@ impl LimitParams {
         };
         Limits {
             step_budget: self.step_budget.unwrap_or(base.step_budget),
+            root_step_budget: if mode == Mode::Recursive { self.root_step_budget } else { None },
             max_depth: self.max_depth,
             max_children: self.max_children,
             max_nodes: self.max_nodes,
@@ -158,10 +162,10 @@ fn default_group() -> usize {
     4
 }
 
-/// Run `group` trees for every task through one batcher; returns all nodes.
+/// Run `group` trees for each of `tasks` (indices into `set`) through one batcher; returns all nodes.
 pub async fn rollout_trees(
-    world: &Arc<World>,
-    tasks: &[rao_envs::textcraft::Task],
+    set: &dyn TaskSet,
+    tasks: &[usize],
     policy: Arc<dyn Policy>,
     mode: Mode,
     group: usize,
@@ -171,11 +175,11 @@ pub async fn rollout_trees(
 ) -> Vec<Vec<NodeRecord>> {
     let batcher = Batcher::start(policy);
     let mut trees = Vec::new();
-    for (ti, t) in tasks.iter().enumerate() {
+    for (ti, &t) in tasks.iter().enumerate() {
         for g in 0..group {
             trees.push(TreeSpec {
-                episode: Arc::new(TextCraftEpisode::new(world.clone(), t.clone())),
-                task_id: t.id.clone(),
+                episode: set.episode(t),
+                task_id: set.id(t).to_string(),
                 group: g as i32,
                 recursive: mode == Mode::Recursive,
                 seed: seed ^ ((ti as u64) << 20 | g as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
@@ -215,14 +219,15 @@ impl TypedStage for Rollout {
 
     fn run(ctx: StageContext, p: RolloutParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
-            let (world, mut tasks) = load_tasks(&ctx, "tasks").await?;
+            let set = envs::load(&ctx, "tasks").await?;
+            let mut tasks: Vec<usize> = (0..set.len()).collect();
             if let Some(Shard { index, count }) = p.shard {
                 anyhow::ensure!(count > 0 && index < count, "shard index {index} is not below count {count}");
-                tasks = tasks.into_iter().enumerate().filter(|(i, _)| i % count == index).map(|(_, t)| t).collect();
+                tasks.retain(|i| i % count == index);
             }
-            let policy = make_policy(&ctx, &world, &p).await?;
-            let meta = RunMeta { run: ctx.pipeline.clone(), iteration: p.iteration, env: "textcraft".into() };
-            let trees = rollout_trees(&world, &tasks, policy, p.mode, p.group_size, p.limits.limits(p.mode), meta, ctx.seed).await;
+            let policy = make_policy(&ctx, set.as_ref(), &p).await?;
+            let meta = RunMeta { run: ctx.pipeline.clone(), iteration: p.iteration, env: set.env().into() };
+            let trees = rollout_trees(set.as_ref(), &tasks, policy, p.mode, p.group_size, p.limits.limits(p.mode), meta, ctx.seed).await;
             for (k, v) in tree_metrics(&trees) {
                 ctx.set_metric(k, v);
             }
@@ -234,22 +239,17 @@ impl TypedStage for Rollout {
 }
 
 /// The policy a rollout-like stage asked for.
-pub async fn make_policy(ctx: &StageContext, world: &Arc<World>, p: &RolloutParams) -> anyhow::Result<Arc<dyn Policy>> {
+pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParams) -> anyhow::Result<Arc<dyn Policy>> {
+    let limits = p.limits.limits(p.mode);
     Ok(match p.policy {
-        PolicyKind::Expert => Arc::new(ScriptedExpert {
-            world: world.clone(),
-            config: ExpertConfig { max_depth: p.limits.max_depth, delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed },
-        }),
-        PolicyKind::Random => Arc::new(UniformRandom { world: world.clone() }),
+        PolicyKind::Expert => set.expert(ExpertSpec { delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed }, &limits),
+        PolicyKind::Random => {
+            set.random_policy().ok_or_else(|| anyhow::anyhow!("environment `{}` has no random policy", set.env()))?
+        }
         PolicyKind::Checkpoint => {
             anyhow::ensure!(ctx.inputs.contains_key("checkpoint"), "`policy: checkpoint` needs a `checkpoint` input");
             let policy = crate::neural::load_policy(ctx, "checkpoint", p.backend).await?;
-            Arc::new(crate::neural::NeuralPolicy {
-                policy: Arc::new(policy),
-                grammar: Arc::new(TextCraftGrammar::new(world, p.limits.max_children as usize)),
-                world: world.clone(),
-                temperature: p.temperature,
-            })
+            Arc::new(crate::neural::NeuralPolicy::new(Arc::new(policy), set.grammar(limits.max_children as usize), set.vocab(), p.temperature))
         }
     })
 }

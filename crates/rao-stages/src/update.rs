@@ -3,7 +3,6 @@
 
 use futures::future::BoxFuture;
 use rao_envs::rng::Rng;
-use rao_envs::textcraft::grammar::TextCraftGrammar;
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use rao_policy::{Backend, Loss};
 use schemars::JsonSchema;
@@ -11,7 +10,7 @@ use serde::Deserialize;
 
 use crate::neural::{load_policy, write_checkpoint};
 use crate::rollout::tree_metrics;
-use crate::tasks_io::load_tasks;
+use crate::envs;
 use crate::training::{node_sequence, read_trees, retry_rate};
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -77,14 +76,14 @@ impl TypedStage for Update {
 
     fn run(ctx: StageContext, p: UpdateParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
-            let (world, _) = load_tasks(&ctx, "tasks").await?;
+            let set = envs::load(&ctx, "tasks").await?;
             let mut policy = load_policy(&ctx, "checkpoint", p.backend).await?;
             policy.optim.clip_norm = p.grad_clip;
             let nodes = read_trees(&ctx, "trees").await?;
-            let grammar = TextCraftGrammar::new(&world, p.max_children);
+            let grammar = set.grammar(p.max_children);
             let mut seqs: Vec<_> = nodes
                 .iter()
-                .filter_map(|n| n.advantage.filter(|a| a.is_finite()).map(|a| node_sequence(n, &world.vocab, a as f32)))
+                .filter_map(|n| n.advantage.filter(|a| a.is_finite()).map(|a| node_sequence(n, set.vocab(), a as f32)))
                 .filter(|s| s.generated.iter().any(|g| *g))
                 .collect();
             // Trees regrouped for the iteration's metrics.
@@ -114,7 +113,7 @@ impl TypedStage for Update {
                 for _ in 0..p.steps {
                     rng.shuffle(&mut seqs);
                     for chunk in seqs.chunks(mb) {
-                        last = policy.train_step(chunk, &grammar, p.loss, p.lr, p.temperature);
+                        last = policy.train_step(chunk, grammar.as_ref(), p.loss, p.lr, p.temperature);
                     }
                 }
                 let m: rao_policy::StepMetrics = last;

@@ -5,19 +5,16 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use rao_agent::{RunMeta, ScriptedExpert};
+use rao_agent::RunMeta;
 use rao_envs::rng::Rng;
-use rao_envs::textcraft::grammar::TextCraftGrammar;
-use rao_envs::textcraft::expert::items_in;
-use rao_envs::textcraft::{ExpertConfig, World};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use rao_policy::{Backend, Loss, ModelConfig, Policy, Sequence};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use crate::envs::{self, ExpertSpec, TaskSet};
 use crate::neural::{NeuralPolicy, write_checkpoint};
 use crate::rollout::{LimitParams, Mode, rollout_trees, tree_metrics};
-use crate::tasks_io::load_tasks;
 use crate::training::node_sequence;
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -35,12 +32,9 @@ pub struct DemoParams {
     /// Probability of a useless action at each step.
     #[serde(default = "tenth")]
     pub noise: f64,
-    /// Flat demonstrations only for targets up to this tier (deeper flat demos overflow the
-    /// window and cost long sequences); absent: all tasks.
-    #[serde(default)]
-    pub flat_max_tier: Option<u32>,
     /// Rename items at random (consistently within each sequence) every time a demonstration is
-    /// used, so the policy learns to read and copy names rather than memorise them.
+    /// used, so the policy learns to read and copy names rather than memorise them (TextCraft;
+    /// other environments use their demonstrations as they are).
     #[serde(default = "yes")]
     pub rename_items: bool,
     /// With `rename_items`: also move every name up by a random number of tiers (order kept), so
@@ -51,7 +45,7 @@ pub struct DemoParams {
 
 impl Default for DemoParams {
     fn default() -> Self {
-        DemoParams { recursive_trees: 2, flat_trees: 1, delegate: 0.5, noise: 0.1, flat_max_tier: None, rename_items: true, shift_tiers: true }
+        DemoParams { recursive_trees: 2, flat_trees: 1, delegate: 0.5, noise: 0.1, rename_items: true, shift_tiers: true }
     }
 }
 
@@ -138,20 +132,10 @@ fn every() -> usize {
 }
 
 /// Recursive rollout of the learned policy on `tasks`: (node success, root success).
-pub async fn gate_check(
-    world: &Arc<World>,
-    tasks: &[rao_envs::textcraft::Task],
-    policy: Arc<Policy>,
-    limits: &LimitParams,
-    seed: u64,
-) -> (f64, f64) {
-    let neural = Arc::new(NeuralPolicy {
-        policy,
-        grammar: Arc::new(TextCraftGrammar::new(world, limits.max_children as usize)),
-        world: world.clone(),
-        temperature: 1.0,
-    });
-    let trees = rollout_trees(world, tasks, neural, Mode::Recursive, 1, limits.limits(Mode::Recursive), RunMeta::default(), seed).await;
+pub async fn gate_check(set: &dyn TaskSet, policy: Arc<Policy>, limits: &LimitParams, seed: u64) -> (f64, f64) {
+    let neural = Arc::new(NeuralPolicy::new(policy, set.grammar(limits.max_children as usize), set.vocab(), 1.0));
+    let all: Vec<usize> = (0..set.len()).collect();
+    let trees = rollout_trees(set, &all, neural, Mode::Recursive, 1, limits.limits(Mode::Recursive), RunMeta::default(), seed).await;
     let m: std::collections::BTreeMap<_, _> = tree_metrics(&trees).into_iter().collect();
     (m["node_success"], m["root_success"])
 }
@@ -169,21 +153,6 @@ pub fn length_bucketed(seqs: &mut [Sequence], batch: usize, rng: &mut Rng) -> Ve
     batches
 }
 
-/// A demonstration with its items renamed (names keep their token counts, so masks still line up).
-fn renamed(world: &World, s: &Sequence, shift_tiers: bool, rng: &mut Rng) -> Sequence {
-    let shift = if shift_tiers {
-        let top = world.items.iter().map(|i| i.tier).max().unwrap_or(0);
-        let highest = items_in(world, &s.tokens).iter().map(|&i| world.item(i).tier).max().unwrap_or(0);
-        rng.below((top - highest.min(top)) as usize + 1) as u32
-    } else {
-        0
-    };
-    let map = world.random_renaming_shifted(rng, shift);
-    let tokens = world.rename_tokens(&s.tokens, &map);
-    debug_assert_eq!(tokens.len(), s.tokens.len());
-    Sequence { tokens, ..s.clone() }
-}
-
 pub struct Warmstart;
 
 impl TypedStage for Warmstart {
@@ -196,27 +165,26 @@ impl TypedStage for Warmstart {
 
     fn run(ctx: StageContext, p: WarmstartParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
-            let (world, tasks) = load_tasks(&ctx, "tasks").await?;
-            let (_, gate_tasks) = load_tasks(&ctx, "gate_tasks").await?;
-            let expert = Arc::new(ScriptedExpert {
-                world: world.clone(),
-                config: ExpertConfig { max_depth: p.limits.max_depth, delegate: p.demos.delegate, noise: p.demos.noise, seed: ctx.seed },
-            });
+            let set = envs::load(&ctx, "tasks").await?;
+            let gate_set = envs::load(&ctx, "gate_tasks").await?;
+            anyhow::ensure!(set.env() == gate_set.env(), "`tasks` are {} tasks but `gate_tasks` are {}", set.env(), gate_set.env());
+            let all: Vec<usize> = (0..set.len()).collect();
+            let spec = ExpertSpec { delegate: p.demos.delegate, noise: p.demos.noise, seed: ctx.seed };
+            let expert = set.expert(spec, &p.limits.limits(Mode::Recursive));
             let mut seqs = Vec::new();
             for (mode, g) in [(Mode::Recursive, p.demos.recursive_trees), (Mode::Flat, p.demos.flat_trees)] {
                 if g == 0 {
                     continue;
                 }
-                let trees =
-                    rollout_trees(&world, &tasks, expert.clone(), mode, g, p.limits.limits(mode), RunMeta::default(), ctx.seed).await;
-                seqs.extend(trees.iter().flatten().map(|n| node_sequence(n, &world.vocab, 1.0)).filter(|s| s.generated.iter().any(|g| *g)));
+                let trees = rollout_trees(set.as_ref(), &all, expert.clone(), mode, g, p.limits.limits(mode), RunMeta::default(), ctx.seed).await;
+                seqs.extend(trees.iter().flatten().map(|n| node_sequence(n, set.vocab(), 1.0)).filter(|s| s.generated.iter().any(|g| *g)));
             }
             anyhow::ensure!(!seqs.is_empty(), "the expert produced no demonstrations");
             ctx.set_metric("demo_sequences", seqs.len() as f64);
-            let cfg = ModelConfig { vocab: world.vocab.len(), ..p.model.clone() };
+            let cfg = ModelConfig { vocab: set.vocab().len(), ..p.model.clone() };
             let mut policy = Policy::new(cfg, p.backend, ctx.seed)?;
             ctx.set_metric("params", policy.model.num_params() as f64);
-            let grammar = TextCraftGrammar::new(&world, p.limits.max_children as usize);
+            let grammar = set.grammar(p.limits.max_children as usize);
             let mut rng = Rng::new(ctx.seed ^ 0x5EED);
             #[allow(unused_assignments)]
             let (mut step, mut node_success, mut root_success, mut loss) = (0usize, 0.0, 0.0, f64::NAN);
@@ -232,17 +200,17 @@ impl TypedStage for Warmstart {
                 };
                 for chunk in batches {
                     let batch: Vec<Sequence> = if p.demos.rename_items {
-                        chunk.iter().map(|s| renamed(&world, s, p.demos.shift_tiers, &mut rng)).collect()
+                        chunk.iter().map(|s| set.augment(s, p.demos.shift_tiers, &mut rng)).collect()
                     } else {
                         chunk
                     };
                     let frac = step as f64 / p.max_steps.max(1) as f64;
                     let lr = p.lr * (1.0 - frac * (1.0 - p.lr_final));
-                    loss = policy.train_step(&batch, &grammar, Loss::Supervised, lr, 1.0).loss;
+                    loss = policy.train_step(&batch, grammar.as_ref(), Loss::Supervised, lr, 1.0).loss;
                     step += 1;
                     if step % p.eval_every.max(1) == 0 || step >= p.max_steps {
                         let snapshot = Arc::new(Policy::from_checkpoint(&policy.checkpoint(), p.backend)?);
-                        (node_success, root_success) = gate_check(&world, &gate_tasks, snapshot, &p.limits, ctx.seed).await;
+                        (node_success, root_success) = gate_check(gate_set.as_ref(), snapshot, &p.limits, ctx.seed).await;
                         lines.push_str(&format!("step {step} loss {loss:.4} gate node_success {node_success:.3} root_success {root_success:.3}\n"));
                         std::fs::write(&log, &lines)?;
                         if node_success >= p.gate.min_node_success || step >= p.max_steps {
