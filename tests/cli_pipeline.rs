@@ -159,3 +159,54 @@ fn shipped_pipelines_validate() {
         assert!(o.status.success(), "{}: {}", f.display(), text(&o));
     }
 }
+
+/// The long-document and multi-hop regimes through the very stage kinds TextCraft uses: task
+/// drawing, rollout, exact judge, advantage, evaluation; the same file and seed give the same
+/// tasks, and the expert's report shows recursion winning where a flat context overflows.
+#[test]
+fn the_other_regimes_run_through_the_same_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let stages = |env: &str, tasks: &str| {
+        format!(
+            "  {env}_tasks: {{kind: {env}_tasks, params: {tasks}}}\n  \
+             {env}_rollout: {{kind: rollout, inputs: {{tasks: {env}_tasks.tasks}}, params: {{policy: expert, group_size: 2, limits: {{window: 96, max_depth: 6, max_children: 4}}}}}}\n  \
+             {env}_judge: {{kind: judge, inputs: {{trees: {env}_rollout.trees, tasks: {env}_tasks.tasks}}, params: {{mode: exact}}}}\n  \
+             {env}_advantage: {{kind: advantage, inputs: {{trees: {env}_judge.trees}}, params: {{lambda: 0.4}}}}\n  \
+             {env}_eval: {{kind: evaluate, inputs: {{tasks: {env}_tasks.tasks}}, params: {{policy: expert, label: {env}, limits: {{window: 96, max_depth: 2, max_children: 4}}}}}}\n"
+        )
+    };
+    let body = format!(
+        "name: regimes\nseed: 3\nstages:\n{}{}",
+        stages("longdoc", "{count: 6, split: validation}"),
+        stages("multihop", "{hops: [2, 4], per_hops: 4, split: validation}")
+    );
+    std::fs::write(dir.path().join("r.yaml"), &body).unwrap();
+    let first = rao(&["run", "r.yaml", "--json"], dir.path());
+    assert!(first.status.success(), "{}", text(&first));
+    let report = text(&rao(&["report", "r.yaml"], dir.path()));
+    let row = |label: &str, mode: &str, band: &str| -> Vec<String> {
+        let line = report.lines().find(|l| l.split_whitespace().take(3).collect::<Vec<_>>() == [label, mode, band]).unwrap_or_else(|| panic!("no row {label} {mode} {band}:\n{report}"));
+        line.split_whitespace().map(str::to_string).collect()
+    };
+    // Columns: label, mode, band (two words here), tasks, success, …
+    assert_eq!(row("multihop", "recursive", "4")[5], "1.00", "{report}");
+    assert_eq!(row("multihop", "flat", "4")[5], "0.00", "{report}");
+    assert_eq!(row("multihop", "flat", "2")[5], "1.00", "{report}");
+    let doc_rows: Vec<&str> = report.lines().filter(|l| l.starts_with("longdoc ")).collect();
+    assert!(doc_rows.iter().filter(|l| l.contains("recursive")).all(|l| l.split_whitespace().nth(5) == Some("1.00")), "{report}");
+    assert!(doc_rows.iter().filter(|l| l.contains(" flat ")).all(|l| l.split_whitespace().nth(5) == Some("0.00")), "{report}");
+
+    // Same file, same seed, fresh store: the same tasks (byte for byte) and the same judged trees.
+    let again = tempfile::tempdir().unwrap();
+    std::fs::write(again.path().join("r.yaml"), &body).unwrap();
+    assert!(rao(&["run", "r.yaml"], again.path()).status.success());
+    for env in ["longdoc", "multihop"] {
+        let tasks = |d: &Path| -> Vec<u8> {
+            let out = rao(&["status", "r.yaml", "--json"], d);
+            let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let fp = rows.as_array().unwrap().iter().find(|r| r["instance"] == format!("{env}_tasks")).unwrap()["fingerprint"].as_str().unwrap().to_string();
+            std::fs::read(d.join(format!(".rao/store/objects/{}/{fp}/out/tasks/tasks.parquet", &fp[..2]))).unwrap()
+        };
+        assert_eq!(tasks(dir.path()), tasks(again.path()), "{env}: same seed, same tasks");
+    }
+}
