@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::env::{Episode, Refusal, Step, StepOutput};
 use crate::grammar::Grammar;
-use crate::node::{DIGITS, fixed_number, mode_and_depth_words, parse_node, prompt, read_fixed};
+use crate::node::{self, DIGITS, fixed_number, mode_and_depth_words, parse_node, prompt, read_fixed};
 use crate::rng::Rng;
 use crate::vocab::{EOS, OBS, Tok, Vocab};
 
@@ -310,14 +310,7 @@ impl Episode for LongDocEpisode {
     }
 
     fn refusal(&self, why: Refusal) -> Vec<Tok> {
-        let w = match why {
-            Refusal::Depth => "depth",
-            Refusal::Children => "children",
-            Refusal::Nodes => "nodes",
-            Refusal::SelfSpawn => "self",
-            Refusal::NotRecursive => "syntax",
-        };
-        self.lang.obs(&["err", w])
+        node::refusal(&self.lang.vocab, why)
     }
 
     /// 0.75^|answer − exact count over the node's own slice|; 0 without an answer.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::env::{Episode, Refusal, Step, StepOutput};
 use crate::grammar::Grammar;
-use crate::node::{mode_and_depth_words, parse_node, prompt};
+use crate::node::{self, mode_and_depth_words, parse_node, prompt};
 use crate::rng::Rng;
 use crate::vocab::{EOS, OBS, Tok, Vocab};
 
@@ -285,14 +285,7 @@ impl Episode for MultiHopEpisode {
     }
 
     fn refusal(&self, why: Refusal) -> Vec<Tok> {
-        let w = match why {
-            Refusal::Depth => "depth",
-            Refusal::Children => "children",
-            Refusal::Nodes => "nodes",
-            Refusal::SelfSpawn => "self",
-            Refusal::NotRecursive => "syntax",
-        };
-        self.lang.obs(&["err", w])
+        node::refusal(&self.lang.vocab, why)
     }
 
     /// 1 iff the node answered the true end of its own chain.

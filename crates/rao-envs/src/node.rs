@@ -1,7 +1,8 @@
 //! What every environment's node context looks like, and reading it back: `<bos> MODE @DEPTH GOAL`
 //! then turns of `ACTION <eos> <obs> …`. Experts and verifiers of every environment share this.
 
-use crate::vocab::{BOS, EOS, Tok, Vocab};
+use crate::env::Refusal;
+use crate::vocab::{BOS, EOS, OBS, Tok, Vocab};
 
 /// Mode and depth words every environment's vocabulary holds (depth tokens `@0`..`@MAX`).
 pub const MAX_DEPTH_TOKEN: u32 = 12;
@@ -68,6 +69,19 @@ pub fn read_fixed(vocab: &Vocab, toks: &[Tok], width: usize) -> Option<u64> {
         return None;
     }
     toks[..width].iter().try_fold(0u64, |n, &t| vocab.digit_value(t).map(|d| n * 10 + d))
+}
+
+/// The observation for a refused launch: `<obs> err WHY` (every environment's vocabulary holds
+/// `err`, `depth`, `children`, `nodes`, `self` and `syntax`).
+pub fn refusal(vocab: &Vocab, why: Refusal) -> Vec<Tok> {
+    let w = match why {
+        Refusal::Depth => "depth",
+        Refusal::Children => "children",
+        Refusal::Nodes => "nodes",
+        Refusal::SelfSpawn => "self",
+        Refusal::NotRecursive => "syntax",
+    };
+    vec![OBS, vocab.id("err"), vocab.id(w)]
 }
 
 pub const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];

@@ -277,14 +277,7 @@ impl Episode for TextCraftEpisode {
     }
 
     fn refusal(&self, why: Refusal) -> Vec<Tok> {
-        let w = match why {
-            Refusal::Depth => "depth",
-            Refusal::Children => "children",
-            Refusal::Nodes => "nodes",
-            Refusal::SelfSpawn => "self",
-            Refusal::NotRecursive => "syntax",
-        };
-        self.lang().obs(&["err", w])
+        crate::node::refusal(&self.world.vocab, why)
     }
 
     /// 1 iff the node finished and its subtree crafted at least the goal's units of the target.

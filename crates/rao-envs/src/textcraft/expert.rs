@@ -4,7 +4,8 @@
 use super::episode::{Action, Lang};
 use super::world::{ItemId, World};
 use crate::rng::Rng;
-use crate::vocab::{BOS, EOS, Tok};
+use crate::node::{NodeView, parse_node};
+use crate::vocab::Tok;
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ExpertConfig {
@@ -23,44 +24,10 @@ impl Default for ExpertConfig {
     }
 }
 
-/// A node's context, split into its parts.
-#[derive(Debug, Clone)]
-pub struct ParsedContext {
-    pub recursive: bool,
-    pub depth: u32,
-    pub goal: Vec<Tok>,
-    /// (action tokens without `<eos>`, observation tokens) in order.
-    pub turns: Vec<(Vec<Tok>, Vec<Tok>)>,
-}
-
-pub fn parse_context(world: &World, ctx: &[Tok]) -> Option<ParsedContext> {
-    let v = &world.vocab;
-    if ctx.len() < 3 || ctx[0] != BOS {
-        return None;
-    }
-    let recursive = v.word(ctx[1]) == "<rec>";
-    let depth: u32 = v.word(ctx[2]).strip_prefix('@')?.parse().ok()?;
-    let verbs: Vec<Tok> = ["info", "craft", "inv", "finish", "spawn"].iter().map(|w| v.id(w)).collect();
-    let mut i = 3;
-    while i < ctx.len() && !verbs.contains(&ctx[i]) {
-        i += 1;
-    }
-    let goal = ctx[3..i].to_vec();
-    let mut turns = Vec::new();
-    while i < ctx.len() {
-        let start = i;
-        while i < ctx.len() && ctx[i] != EOS {
-            i += 1;
-        }
-        let action = ctx[start..i].to_vec();
-        i += 1; // EOS
-        let obs_start = i;
-        while i < ctx.len() && !verbs.contains(&ctx[i]) {
-            i += 1;
-        }
-        turns.push((action, ctx[obs_start.min(ctx.len())..i.min(ctx.len())].to_vec()));
-    }
-    Some(ParsedContext { recursive, depth, goal, turns })
+/// A node's context, split into its parts (the layout every environment shares).
+pub fn parse_context(world: &World, ctx: &[Tok]) -> Option<NodeView> {
+    let verbs: Vec<Tok> = ["info", "craft", "inv", "finish", "spawn"].iter().map(|w| world.vocab.id(w)).collect();
+    parse_node(&world.vocab, ctx, &verbs)
 }
 
 /// Craftable ingredients of `item` and the units needed to make `n` of it.
