@@ -202,3 +202,26 @@ async fn the_recursive_expert_answers_every_chain_and_the_flat_one_only_two_hops
     grammar_accepts(&rec, &MultiHopGrammar::new(lang.clone(), 6), true);
     grammar_accepts(&flat, &MultiHopGrammar::new(lang.clone(), 6), false);
 }
+
+#[test]
+fn name_permutation_is_consistent_within_a_sequence_and_keeps_other_tokens() {
+    let (lang, tasks) = hop_setup();
+    let ep = MultiHopEpisode::new(lang.clone(), tasks[0].clone());
+    let goal = ep.root_goal();
+    let Step::Observe(page) = ep.step(&goal, &lang.encode(&multihop::Action::Search(tasks[0].entity, tasks[0].relations[0])), true).step else { panic!() };
+    let seq: Vec<Tok> = [goal.clone(), page.clone()].concat();
+    let groups = lang.name_groups();
+    let mut rng = rao_envs::rng::Rng::new(7);
+    let out = rao_envs::node::permute_names(&seq, &groups, &mut rng);
+    assert_eq!(out.len(), seq.len());
+    let mut map = BTreeMap::new();
+    for (a, b) in seq.iter().zip(&out) {
+        let group = groups.iter().position(|g| g.contains(a));
+        assert_eq!(group, groups.iter().position(|g| g.contains(b)), "names stay in their group; other tokens stay");
+        if group.is_none() {
+            assert_eq!(a, b);
+        }
+        assert_eq!(*map.entry(*a).or_insert(*b), *b, "one token, one new name");
+    }
+    assert_ne!(out, seq, "something was renamed");
+}

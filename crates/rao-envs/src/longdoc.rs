@@ -118,6 +118,12 @@ impl Lang {
         self.vocab.id(w)
     }
 
+    /// Interchangeable names: speakers, spells, filler words.
+    pub fn name_groups(&self) -> Vec<Vec<Tok>> {
+        let ids = |words: &[&str]| words.iter().map(|w| self.t(w)).collect();
+        vec![ids(&SPEAKERS[..self.config.speakers]), ids(&SPELLS[..self.config.spells]), ids(&FILLER)]
+    }
+
     pub fn verbs(&self) -> [Tok; 3] {
         [self.t("read"), self.t("split"), self.t("answer")]
     }

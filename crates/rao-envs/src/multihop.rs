@@ -168,6 +168,14 @@ impl Lang {
         self.first_relation + r as Tok
     }
 
+    /// Interchangeable names: entities, relations.
+    pub fn name_groups(&self) -> Vec<Vec<Tok>> {
+        vec![
+            (0..self.graph.names.len()).map(|e| self.entity_tok(e)).collect(),
+            (0..self.graph.config.relations).map(|r| self.relation_tok(r)).collect(),
+        ]
+    }
+
     pub fn verbs(&self) -> [Tok; 3] {
         [self.vocab.id("search"), self.vocab.id("spawn"), self.vocab.id("answer")]
     }

@@ -84,4 +84,17 @@ pub fn refusal(vocab: &Vocab, why: Refusal) -> Vec<Tok> {
     vec![OBS, vocab.id("err"), vocab.id(w)]
 }
 
+/// `toks` with the names of each group (interchangeable single-token names: entities, speakers)
+/// permuted at random, consistently within the sequence: a demonstration that stays valid but
+/// cannot be memorised, so a policy learns to read and copy names (see LEARNING-NOTES.md).
+pub fn permute_names(toks: &[Tok], groups: &[Vec<Tok>], rng: &mut crate::rng::Rng) -> Vec<Tok> {
+    let mut map = std::collections::HashMap::new();
+    for g in groups {
+        let mut to = g.clone();
+        rng.shuffle(&mut to);
+        map.extend(g.iter().copied().zip(to));
+    }
+    toks.iter().map(|t| *map.get(t).unwrap_or(t)).collect()
+}
+
 pub const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];

@@ -32,9 +32,9 @@ pub struct DemoParams {
     /// Probability of a useless action at each step.
     #[serde(default = "tenth")]
     pub noise: f64,
-    /// Rename items at random (consistently within each sequence) every time a demonstration is
-    /// used, so the policy learns to read and copy names rather than memorise them (TextCraft;
-    /// other environments use their demonstrations as they are).
+    /// Rename at random (consistently within each sequence) every time a demonstration is used,
+    /// so the policy learns to read and copy names rather than memorise them: items (TextCraft),
+    /// speakers and spells (long documents), entities and relations (multi-hop).
     #[serde(default = "yes")]
     pub rename_items: bool,
     /// With `rename_items`: also move every name up by a random number of tiers (order kept), so
@@ -158,7 +158,9 @@ pub struct Warmstart;
 impl TypedStage for Warmstart {
     type Params = WarmstartParams;
     const NAME: &'static str = "warmstart";
-    const VERSION: u32 = 3; // 2: Burn-record checkpoints, noise actions name only items in context; 3: tier shifts
+    // 2: Burn-record checkpoints, noise actions name only items in context; 3: tier shifts;
+    // 4: any environment (long-document and multi-hop demonstrations have their names permuted)
+    const VERSION: u32 = 4;
     const DESCRIBE: &'static str = "supervised warm start on noisy expert demonstrations, gated on held-out node success";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "gate_tasks", required: true }];
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
