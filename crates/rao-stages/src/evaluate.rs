@@ -128,7 +128,7 @@ impl TypedStage for Evaluate {
     fn run(ctx: StageContext, p: EvaluateParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
             let set = envs::load(&ctx, "tasks").await?;
-            let all: Vec<usize> = (0..set.len()).collect();
+            let all = set.all();
             let group_of: BTreeMap<&str, String> = (0..set.len()).map(|i| (set.id(i), set.label(i))).collect();
             let label = p.label.clone().unwrap_or_else(|| ctx.pipeline.clone());
             let rp = RolloutParams {

@@ -220,7 +220,7 @@ impl TypedStage for Rollout {
     fn run(ctx: StageContext, p: RolloutParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
             let set = envs::load(&ctx, "tasks").await?;
-            let mut tasks: Vec<usize> = (0..set.len()).collect();
+            let mut tasks = set.all();
             if let Some(Shard { index, count }) = p.shard {
                 anyhow::ensure!(count > 0 && index < count, "shard index {index} is not below count {count}");
                 tasks.retain(|i| i % count == index);

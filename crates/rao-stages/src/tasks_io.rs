@@ -1,8 +1,6 @@
 //! Task sets as artifacts: `world.json` (the world, so any stage can rebuild it) and
 //! `tasks.parquet` (one row per task; inventories and gold actions as JSON text).
 
-use std::sync::Arc;
-
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::Int64Type;
 use bytes::Bytes;
@@ -57,17 +55,6 @@ pub fn tasks_from_parquet(world: &World, bytes: Bytes) -> anyhow::Result<Vec<Tas
     Ok(out)
 }
 
-/// Read the world and tasks of a `tasks` artifact.
-pub async fn load_tasks(ctx: &rao_pipeline::StageContext, input: &str) -> anyhow::Result<(Arc<World>, Vec<Task>)> {
-    let artifacts = ctx.input(input)?;
-    let first = artifacts.first().ok_or_else(|| anyhow::anyhow!("input `{input}` is empty"))?;
-    let world = Arc::new(World::from_json(std::str::from_utf8(&ctx.read_input_file(first, WORLD_FILE).await?)?)?);
-    let mut tasks = Vec::new();
-    for a in artifacts {
-        tasks.extend(tasks_from_parquet(&world, ctx.read_input_file(a, TASKS_FILE).await?)?);
-    }
-    Ok((world, tasks))
-}
 
 /// A task file in rao's format: `.parquet` as `synthesize` writes it, or `.jsonl` with one
 /// `{"id"?, "target", "count"?, "inventory": [[item, units], …], "band"?}` object per line.

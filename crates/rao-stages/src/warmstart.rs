@@ -134,7 +134,7 @@ fn every() -> usize {
 /// Recursive rollout of the learned policy on `tasks`: (node success, root success).
 pub async fn gate_check(set: &dyn TaskSet, policy: Arc<Policy>, limits: &LimitParams, seed: u64) -> (f64, f64) {
     let neural = Arc::new(NeuralPolicy::new(policy, set.grammar(limits.max_children as usize), set.vocab(), 1.0));
-    let all: Vec<usize> = (0..set.len()).collect();
+    let all = set.all();
     let trees = rollout_trees(set, &all, neural, Mode::Recursive, 1, limits.limits(Mode::Recursive), RunMeta::default(), seed).await;
     let m: std::collections::BTreeMap<_, _> = tree_metrics(&trees).into_iter().collect();
     (m["node_success"], m["root_success"])
@@ -170,7 +170,7 @@ impl TypedStage for Warmstart {
             let set = envs::load(&ctx, "tasks").await?;
             let gate_set = envs::load(&ctx, "gate_tasks").await?;
             anyhow::ensure!(set.env() == gate_set.env(), "`tasks` are {} tasks but `gate_tasks` are {}", set.env(), gate_set.env());
-            let all: Vec<usize> = (0..set.len()).collect();
+            let all = set.all();
             let spec = ExpertSpec { delegate: p.demos.delegate, noise: p.demos.noise, seed: ctx.seed };
             let expert = set.expert(spec, &p.limits.limits(Mode::Recursive));
             let mut seqs = Vec::new();

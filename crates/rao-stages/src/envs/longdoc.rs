@@ -7,9 +7,6 @@ use futures::future::BoxFuture;
 use rao_agent::{Limits, Policy, ScriptedPolicy};
 use rao_core::parquet_io::Column;
 use rao_envs::grammar::Grammar;
-use rao_envs::node::permute_names;
-use rao_envs::rng::Rng;
-use rao_policy::Sequence;
 use rao_envs::longdoc::{self, DocConfig, DocExpertConfig, DocTask, Lang, LongDocEpisode, LongDocGrammar};
 use rao_envs::{Episode, Tok, Vocab};
 use rao_pipeline::{InputArtifact, InputDecl, StageContext, TypedStage};
@@ -42,9 +39,8 @@ fn length_band(lines: usize) -> String {
 }
 
 impl TaskSet for LongDocSet {
-    /// Names permuted consistently within the sequence (see `node::permute_names`).
-    fn augment(&self, s: &Sequence, _shift: bool, rng: &mut Rng) -> Sequence {
-        Sequence { tokens: permute_names(&s.tokens, &self.lang.name_groups(), rng), ..s.clone() }
+    fn name_groups(&self) -> Vec<Vec<Tok>> {
+        self.lang.name_groups()
     }
     fn env(&self) -> &'static str {
         "longdoc"

@@ -14,7 +14,7 @@ use rao_agent::{Limits, Policy};
 use rao_core::parquet_io::{Column, read_batches, table_to_parquet};
 use rao_envs::grammar::Grammar;
 use rao_envs::rng::Rng;
-use rao_envs::{Episode, Vocab};
+use rao_envs::{Episode, Tok, Vocab};
 use rao_pipeline::{Registry, StageContext, Typed};
 use rao_policy::Sequence;
 use schemars::JsonSchema;
@@ -81,10 +81,20 @@ pub trait TaskSet: Send + Sync {
     fn random_policy(&self) -> Option<Arc<dyn Policy>> {
         None
     }
-    /// A demonstration varied for training (TextCraft renames items so that the policy learns to
-    /// copy names, not memorise them); by default unchanged.
-    fn augment(&self, s: &Sequence, _shift: bool, _rng: &mut Rng) -> Sequence {
-        s.clone()
+    /// Groups of interchangeable single-token names (speakers, entities, …) that `augment`
+    /// permutes; none by default.
+    fn name_groups(&self) -> Vec<Vec<Tok>> {
+        Vec::new()
+    }
+    /// A demonstration varied for training, so that the policy learns to read and copy names
+    /// rather than memorise them: by default its `name_groups` permuted consistently within the
+    /// sequence (TextCraft, whose names span several tokens, renames items instead).
+    fn augment(&self, s: &Sequence, _shift: bool, rng: &mut Rng) -> Sequence {
+        let groups = self.name_groups();
+        if groups.is_empty() {
+            return s.clone();
+        }
+        Sequence { tokens: rao_envs::node::permute_names(&s.tokens, &groups, rng), ..s.clone() }
     }
 }
 

@@ -7,9 +7,6 @@ use futures::future::BoxFuture;
 use rao_agent::{Limits, Policy, ScriptedPolicy};
 use rao_core::parquet_io::Column;
 use rao_envs::grammar::Grammar;
-use rao_envs::node::permute_names;
-use rao_envs::rng::Rng;
-use rao_policy::Sequence;
 use rao_envs::multihop::{self, Graph, GraphConfig, HopExpertConfig, HopTask, Lang, MultiHopEpisode, MultiHopGrammar, RELATIONS};
 use rao_envs::{Episode, Tok, Vocab};
 use rao_pipeline::{InputArtifact, InputDecl, StageContext, TypedStage};
@@ -38,9 +35,8 @@ pub async fn load(ctx: &StageContext, artifacts: &[InputArtifact]) -> anyhow::Re
 }
 
 impl TaskSet for MultiHopSet {
-    /// Names permuted consistently within the sequence (see `node::permute_names`).
-    fn augment(&self, s: &Sequence, _shift: bool, rng: &mut Rng) -> Sequence {
-        Sequence { tokens: permute_names(&s.tokens, &self.lang.name_groups(), rng), ..s.clone() }
+    fn name_groups(&self) -> Vec<Vec<Tok>> {
+        self.lang.name_groups()
     }
     fn env(&self) -> &'static str {
         "multihop"
