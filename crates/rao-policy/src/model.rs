@@ -3,7 +3,7 @@
 
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig, SwiGlu, SwiGluConfig};
-use burn::tensor::activation::softmax;
+use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
@@ -64,56 +64,92 @@ pub struct KvCache {
     pub layers: Vec<Option<(Tensor<4>, Tensor<4>)>>,
 }
 
-/// Rotary tables for explicit positions `[B, T]`: cos and sin of shape `[B, 1, T, Dh/2]`.
-pub fn rope_tables(positions: &[Vec<usize>], head_dim: usize, theta: f64, device: &Device) -> (Tensor<4>, Tensor<4>) {
-    let b = positions.len();
-    let t = positions.first().map(|p| p.len()).unwrap_or(0);
+/// Rotary tables for explicit positions, laid out like the projected rows `[B·T, D]`: each head's
+/// `Dh/2` angles twice (rotate-half pairs dimension `j` with `j + Dh/2`).
+pub fn rope_tables(positions: &[Vec<usize>], n_heads: usize, head_dim: usize, theta: f64, device: &Device) -> (Tensor<2>, Tensor<2>) {
+    let rows: usize = positions.iter().map(|p| p.len()).sum();
     let half = head_dim / 2;
-    let mut cos = Vec::with_capacity(b * t * half);
-    let mut sin = Vec::with_capacity(b * t * half);
-    for row in positions {
-        for &p in row {
-            for i in 0..half {
-                let freq = 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64);
-                let a = p as f64 * freq;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
-            }
-        }
+    let d = n_heads * head_dim;
+    let inv_freq: Vec<f64> = (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)).collect();
+    // Angles once per distinct position (the rows of a batch share positions 0..T).
+    let mut by_pos: std::collections::HashMap<usize, (Vec<f32>, Vec<f32>)> = Default::default();
+    let mut cos = Vec::with_capacity(rows * d);
+    let mut sin = Vec::with_capacity(rows * d);
+    for &p in positions.iter().flatten() {
+        let (c, s) = by_pos.entry(p).or_insert_with(|| {
+            let angle = |i: usize| p as f64 * inv_freq[i % half];
+            ((0..d).map(|i| angle(i % head_dim).cos() as f32).collect(), (0..d).map(|i| angle(i % head_dim).sin() as f32).collect())
+        });
+        cos.extend_from_slice(c);
+        sin.extend_from_slice(s);
     }
-    let mk = |v: Vec<f32>| Tensor::<4>::from_data(TensorData::new(v, [b, 1, t, half]), device);
+    let mk = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [rows, d]), device);
     (mk(cos), mk(sin))
 }
 
-/// Rotate-half rotary embedding of `x: [B, H, T, Dh]`.
-fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
-    let [b, h, t, d] = x.dims();
-    let half = d / 2;
-    let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..half]);
-    let x2 = x.slice([0..b, 0..h, 0..t, half..d]);
-    let r1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
-    let r2 = x1 * sin.clone() + x2 * cos.clone();
-    Tensor::cat(vec![r1, r2], 3)
+/// `R` with `x·R` = rotate-half of every head of `x: [.., D]` (`[x1, x2] → [−x2, x1]`), so that
+/// rotary positions become `x·cos + (x·R)·sin` and `R` folds into the projection weights.
+fn rotate_half_matrix(n_heads: usize, head_dim: usize, device: &Device) -> Tensor<2> {
+    let d = n_heads * head_dim;
+    let half = head_dim / 2;
+    let mut r = vec![0.0f32; d * d];
+    for h in 0..n_heads {
+        for j in 0..half {
+            let (lo, hi) = (h * head_dim + j, h * head_dim + j + half);
+            r[hi * d + lo] = -1.0; // out[lo] = −x[hi]
+            r[lo * d + hi] = 1.0; // out[hi] = x[lo]
+        }
+    }
+    Tensor::<2>::from_data(TensorData::new(r, [d, d]), device)
+}
+
+/// A block's projection weights with the rotary rotation and the attention scale folded in,
+/// built once per forward call (or once per sampling call). Separate matmuls rather than one
+/// wide one: slicing a wide product costs more in the backward pass (each slice's gradient is a
+/// zero-filled full-width tensor) than the extra matmul calls.
+pub struct FusedBlock {
+    /// `Wq·s`, `Wq·R·s`, `Wk`, `Wk·R` (s = 1/√Dh, R = [`rotate_half_matrix`]).
+    q: Tensor<2>,
+    q_rot: Tensor<2>,
+    k: Tensor<2>,
+    k_rot: Tensor<2>,
+}
+
+/// Projection weights of every block, fused (see [`FusedBlock`]).
+pub struct Fused {
+    blocks: Vec<FusedBlock>,
 }
 
 impl Block {
-    /// `x: [B, T, D]`, `bias: [B, 1, T, S]` additive attention bias (0 or very negative).
+    fn fuse(&self, rotate: &Tensor<2>) -> FusedBlock {
+        let d = self.wq.weight.dims()[0];
+        let scale = 1.0 / ((d / self.n_heads) as f64).sqrt();
+        let (q, k) = (self.wq.weight.val() * scale, self.wk.weight.val());
+        FusedBlock { q_rot: q.clone().matmul(rotate.clone()), k_rot: k.clone().matmul(rotate.clone()), q, k }
+    }
+
+    /// `x: [B·T, D]` (rows of `b` sequences), `bias: [B, 1, T, S]` additive attention bias
+    /// (0 or −∞), `cos`/`sin: [B·T, D]`.
     fn forward(
         &self,
-        x: Tensor<3>,
-        cos: &Tensor<4>,
-        sin: &Tensor<4>,
+        fused: &FusedBlock,
+        x: Tensor<2>,
+        b: usize,
+        (cos, sin): (&Tensor<2>, &Tensor<2>),
         bias: &Tensor<4>,
         cache: Option<&mut Option<(Tensor<4>, Tensor<4>)>>,
-    ) -> Tensor<3> {
-        let [b, t, d] = x.dims();
-        let h = self.n_heads;
+    ) -> Tensor<2> {
+        let [n, d] = x.dims();
+        let (t, h) = (n / b, self.n_heads);
         let dh = d / h;
         let hx = self.norm_attn.forward(x.clone());
-        let split = |y: Tensor<3>| y.reshape([b, t, h, dh]).swap_dims(1, 2);
-        let q = apply_rope(split(self.wq.forward(hx.clone())), cos, sin);
-        let mut k = apply_rope(split(self.wk.forward(hx.clone())), cos, sin);
-        let mut v = split(self.wv.forward(hx));
+        let mm = |w: &Tensor<2>| hx.clone().matmul(w.clone());
+        // Rotate-half rotary positions: x·cos + (x·R)·sin.
+        let q = mm(&fused.q) * cos.clone() + mm(&fused.q_rot) * sin.clone();
+        let k = mm(&fused.k) * cos.clone() + mm(&fused.k_rot) * sin.clone();
+        let v = mm(&self.wv.weight.val());
+        let heads = |y: Tensor<2>| y.reshape([b, t, h, dh]).swap_dims(1, 2);
+        let (q, mut k, mut v) = (heads(q), heads(k), heads(v));
         if let Some(slot) = cache {
             if let Some((pk, pv)) = slot.take() {
                 k = Tensor::cat(vec![pk, k], 2);
@@ -121,12 +157,13 @@ impl Block {
             }
             *slot = Some((k.clone(), v.clone()));
         }
-        let scores = q.matmul(k.swap_dims(2, 3)) / (dh as f64).sqrt() + bias.clone();
+        let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
         let attn = softmax(scores, 3).matmul(v);
-        let merged = attn.swap_dims(1, 2).reshape([b, t, d]);
-        let x = x + self.wo.forward(merged);
-        let m = self.down.forward(self.mlp.forward(self.norm_mlp.forward(x.clone())));
-        x + m
+        let merged = attn.swap_dims(1, 2).reshape([n, d]);
+        let x = x + merged.matmul(self.wo.weight.val());
+        let hm = self.norm_mlp.forward(x.clone());
+        let gated = silu(hm.clone().matmul(self.mlp.linear_inner.weight.val())) * hm.matmul(self.mlp.linear_outer.weight.val());
+        x + gated.matmul(self.down.weight.val())
     }
 }
 
@@ -156,27 +193,39 @@ impl Transformer {
         }
     }
 
+    /// The fused projection weights (see [`FusedBlock`]); pass them to [`Transformer::forward_fused`]
+    /// when calling forward many times with the same parameters.
+    pub fn fuse(&self) -> Fused {
+        let dh = self.d_model / self.n_heads;
+        let rotate = rotate_half_matrix(self.n_heads, dh, &self.embed.weight.device());
+        Fused { blocks: self.blocks.iter().map(|blk| blk.fuse(&rotate)).collect() }
+    }
+
     /// Logits `[B, T, V]` for `tokens: [B, T]` at explicit `positions`, with an additive attention
-    /// `bias: [B, 1, T, S]` (S = cached + T). With a cache, keys/values are appended to it.
-    pub fn forward(&self, tokens: Tensor<2, Int>, positions: &[Vec<usize>], bias: Tensor<4>, mut cache: Option<&mut KvCache>) -> Tensor<3> {
+    /// `bias: [B, 1, T, S]` (S = cached + T; 0 or −∞). With a cache, keys/values are appended to it.
+    pub fn forward(&self, tokens: Tensor<2, Int>, positions: &[Vec<usize>], bias: Tensor<4>, cache: Option<&mut KvCache>) -> Tensor<3> {
+        self.forward_fused(&self.fuse(), tokens, positions, bias, cache)
+    }
+
+    pub fn forward_fused(&self, fused: &Fused, tokens: Tensor<2, Int>, positions: &[Vec<usize>], bias: Tensor<4>, mut cache: Option<&mut KvCache>) -> Tensor<3> {
         let device = tokens.device();
-        let (cos, sin) = rope_tables(positions, self.d_model / self.n_heads, self.rope_theta, &device);
-        let mut x = self.embed.forward(tokens);
+        let [b, t] = tokens.dims();
+        let d = self.d_model;
+        let rope = rope_tables(positions, self.n_heads, d / self.n_heads, self.rope_theta, &device);
+        let mut x = self.embed.forward(tokens).reshape([b * t, d]);
         if let Some(c) = cache.as_deref_mut() {
             if c.layers.is_empty() {
                 c.layers = (0..self.blocks.len()).map(|_| None).collect();
             }
         }
-        for (i, block) in self.blocks.iter().enumerate() {
+        for (i, (block, f)) in self.blocks.iter().zip(&fused.blocks).enumerate() {
             let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-            x = block.forward(x, &cos, &sin, &bias, slot);
+            x = block.forward(f, x, b, (&rope.0, &rope.1), &bias, slot);
         }
-        let x = self.norm.forward(x);
-        let [b, t, d] = x.dims();
         // Tied embeddings: logits = h · Eᵀ.
         let w = self.embed.weight.val();
         let vocab = w.dims()[0];
-        x.reshape([b * t, d]).matmul(w.transpose()).reshape([b, t, vocab])
+        self.norm.forward(x).matmul(w.transpose()).reshape([b, t, vocab])
     }
 
     pub fn num_params(&self) -> usize {

@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 use crate::model::{KvCache, ModelConfig, Transformer, init_params};
 use crate::params::{AdamW, bytes_to_f32s, f32s_to_bytes, param_shapes, read_grads, read_params, write_params};
 
-const NEG: f32 = -1.0e9;
+/// Masked logits and attention scores: −∞ is exact (exp gives 0) and cheap (glibc's expf returns
+/// at once for −∞, where a large finite negative takes its slow underflow path).
+const NEG: f32 = f32::NEG_INFINITY;
 
 /// Where tensors live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, Default)]
@@ -197,7 +199,9 @@ impl Policy {
             }
         }
         let mut cache = KvCache::default();
-        let logits = model.forward(
+        let fused = model.fuse();
+        let logits = model.forward_fused(
+            &fused,
             Tensor::<2, Int>::from_data(TensorData::new(toks, [b, t]), dev),
             &positions,
             Tensor::<4>::from_data(TensorData::new(bias, [b, 1, t, t]), dev),
@@ -239,7 +243,8 @@ impl Policy {
                     }
                 }
             }
-            let logits = model.forward(
+            let logits = model.forward_fused(
+                &fused,
                 Tensor::<2, Int>::from_data(TensorData::new(next, [b, 1]), dev),
                 &pos,
                 Tensor::<4>::from_data(TensorData::new(bias, [b, 1, 1, s]), dev),
@@ -281,6 +286,8 @@ impl Policy {
                     for a in allowed {
                         row[a as usize] = 0.0;
                     }
+                    // A target outside the grammar (never in sampled data) keeps a finite log-prob.
+                    row[s.tokens[j + 1] as usize] = 0.0;
                 }
             }
         }
