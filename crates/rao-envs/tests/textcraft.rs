@@ -268,3 +268,36 @@ fn shifted_renaming_is_a_permutation_that_keeps_tier_order_and_base_items() {
     let medium_top = world.items.iter().find(|i| i.tier == 5).unwrap();
     assert_eq!(world.item(map[&medium_top.id]).tier, 7);
 }
+
+/// A parent whose craft is refused for lack of a craftable ingredient (its child failed, or it
+/// never delegated) delegates exactly the shortfall again, then crafts; a flat node, or one at
+/// the deepest level allowed to delegate, does not spawn.
+#[test]
+fn expert_redelegates_what_a_refused_craft_reports_missing() {
+    let w = Arc::new(textcraft::generate(&SynthConfig::small(), 1));
+    let task = textcraft::synthesize(&w, Band::Medium, 1, false, 5).remove(0);
+    let ep = TextCraftEpisode::new(w.clone(), task.clone());
+    let lang = Lang::new(&w);
+    let goal = ep.root_goal();
+    let cfg = ExpertConfig::default();
+    // The node crafts its goal before any child made the ingredients: refused.
+    let run = |recursive: bool, depth: u32| {
+        let mut ctx = ep.prompt(&goal, depth, recursive);
+        let craft = lang.encode(&Action::Craft(task.target, task.count as u64));
+        ctx.extend(&craft);
+        ctx.push(EOS);
+        let Step::Observe(obs) = ep.step(&goal, &craft, recursive).step else { panic!("a refused craft is an observation") };
+        ctx.extend(&obs);
+        (obs, expert_action(&w, &cfg, &ctx))
+    };
+    let (obs, action) = run(true, 0);
+    assert_eq!(obs[..3], w.vocab.ids("<obs> err need")[..]);
+    let ((missing, n), _) = lang.parse_item_count(&obs[3..]).unwrap();
+    assert!(!w.item(missing).is_base(), "a Medium target's first shortfall is a crafted ingredient");
+    assert_eq!(action, lang.encode(&Action::Spawn(vec![(missing, n)])));
+    // Flat, or too deep to delegate: no spawn.
+    for (recursive, depth) in [(false, 0), (true, cfg.max_depth)] {
+        let (_, action) = run(recursive, depth);
+        assert_ne!(action.first(), Some(&w.vocab.id("spawn")), "recursive={recursive} depth={depth}");
+    }
+}

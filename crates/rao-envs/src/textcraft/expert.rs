@@ -95,7 +95,27 @@ pub fn expert_action(world: &World, cfg: &ExpertConfig, ctx: &[Tok]) -> Vec<Tok>
     if cfg.noise > 0.0 && step_rng.chance(cfg.noise) {
         return noise_action(world, &items_in(world, ctx), &mut step_rng);
     }
+    if p.recursive && p.depth < cfg.max_depth {
+        if let Some(missing) = shortfall_after_failed_craft(world, &p) {
+            return lang.encode(&Action::Spawn(vec![missing]));
+        }
+    }
     lang.encode(plan.get(next).unwrap_or(&Action::Finish))
+}
+
+/// Recovery: when the node's last action was a craft refused with `err need X n` for a craftable
+/// X (a child failed, or never ran), what to delegate again. Without it a node whose child failed
+/// repeats the refused craft until its window overflows — the most common failure of trained
+/// policies on deep trees, learned from demonstrations that never recovered.
+fn shortfall_after_failed_craft(world: &World, p: &NodeView) -> Option<(ItemId, u64)> {
+    let (action, obs) = p.turns.last()?;
+    let v = &world.vocab;
+    let refused = action.first() == Some(&v.id("craft")) && obs.get(1) == Some(&v.id("err")) && obs.get(2) == Some(&v.id("need"));
+    if !refused {
+        return None;
+    }
+    let ((item, n), _) = Lang::new(world).parse_item_count(&obs[3..]).ok()?;
+    (!world.item(item).is_base()).then_some((item, n))
 }
 
 /// Items named anywhere in `toks`, in order of first appearance.
