@@ -136,6 +136,36 @@ fn process_executor_gives_the_same_artifacts_as_in_process() {
     assert_eq!(files("s1").len(), 3);
 }
 
+/// `rao report FILE --set …` shows the evaluations of the file as given (found by fingerprint),
+/// not whichever run wrote `latest` last; `--run latest` still shows the last run's record.
+#[test]
+fn report_follows_the_overrides_it_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = "name: windows\nseed: 1\nparams: {window: 96}\nstages:\n  \
+        tasks: {kind: synthesize, params: {bands: [medium], per_band: 4, split: validation, world_seed: 1}}\n  \
+        eval: {kind: evaluate, inputs: {tasks: tasks.tasks}, params: {policy: expert, label: expert, modes: [flat], limits: {window: \"${params.window}\", max_depth: 6, max_children: 4}}}\n";
+    std::fs::write(dir.path().join("w.yaml"), body).unwrap();
+    for w in ["96", "640"] {
+        let o = rao(&["run", "w.yaml", "--set", &format!("params.window={w}")], dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    // Flat Medium: the expert overflows a 96-token window and solves every task with 640.
+    let success = |args: &[&str]| -> String {
+        let o = rao(args, dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let row = out.lines().find(|l| l.starts_with("expert ")).unwrap_or_else(|| panic!("no row:\n{}", text(&o)));
+        row.split_whitespace().nth(4).unwrap().to_string()
+    };
+    assert_eq!(success(&["report", "w.yaml"]), "0.00");
+    assert_eq!(success(&["report", "w.yaml", "--set", "params.window=640"]), "1.00");
+    assert_eq!(success(&["report", "w.yaml", "--run", "latest"]), "1.00");
+    // An override that never ran: no rows, and it says so.
+    let o = rao(&["report", "w.yaml", "--set", "params.window=128"], dir.path());
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("expert "), "{}", text(&o));
+    assert!(text(&o).contains("not in the store for this pipeline as given"), "{}", text(&o));
+}
+
 #[test]
 fn checked_in_schema_matches_the_binary() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");

@@ -123,11 +123,13 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         limit: usize,
     },
-    /// Print the evaluation summary of a pipeline's latest run (or --run ID).
+    /// Print the evaluation summary of the pipeline as written (with its --set overrides), or of
+    /// a past run (--run ID).
     Report {
         #[command(flatten)]
         p: PipelineArgs,
-        /// A run id from `runs/PIPELINE/` in the store (default: the latest run).
+        /// A run id from `runs/PIPELINE/` in the store (`latest`: the last run started). Without
+        /// it, the evaluations of the file as given now are read from the store by fingerprint.
         #[arg(long)]
         run: Option<String>,
     },
@@ -270,34 +272,57 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Report { p, run } => {
             let (c, store) = load(&p, &registry)?;
-            let key = format!("runs/{}/{}.json", c.name, run.as_deref().unwrap_or("latest"));
-            let record: serde_json::Value = store
-                .get_json(&key)
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("no run record `{key}` in {}: run the pipeline first", store.url()))?;
+            // (instance name, fingerprint) of every evaluation to show.
+            let (evaluations, heading) = match run {
+                Some(run) => {
+                    let key = format!("runs/{}/{run}.json", c.name);
+                    let record: serde_json::Value = store
+                        .get_json(&key)
+                        .await?
+                        .ok_or_else(|| anyhow::anyhow!("no run record `{key}` in {}: run the pipeline first", store.url()))?;
+                    let evaluations = record["instances"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|inst| inst["kind"] == "evaluate")
+                        .filter_map(|inst| Some((inst["name"].as_str()?.to_string(), inst["fingerprint"].as_str()?.to_string())))
+                        .collect::<Vec<_>>();
+                    let heading = format!(
+                        "run {} ({}), status {}",
+                        record["run_id"].as_str().unwrap_or("?"),
+                        record["pipeline"].as_str().unwrap_or("?"),
+                        record["status"].as_str().unwrap_or("?")
+                    );
+                    (evaluations, heading)
+                }
+                None => {
+                    // The file as given now: a `--set seed=2` report shows seed 2's evaluations,
+                    // whichever run produced them (runs in parallel all write `latest`).
+                    let rows = rao_pipeline::plan::rows(&c, &store).await?;
+                    let mut evaluations = Vec::new();
+                    for r in rows.iter().filter(|r| r.kind == "evaluate") {
+                        match (&r.state, &r.fingerprint) {
+                            (rao_pipeline::plan::State::Done, Some(fp)) => evaluations.push((r.instance.clone(), fp.clone())),
+                            (state, _) => eprintln!("{}: {state:?}, not in the store for this pipeline as given (run it first)", r.instance),
+                        }
+                    }
+                    (evaluations, format!("pipeline {}: evaluations of the file as given, from {}", c.name, store.url()))
+                }
+            };
             let mut rows = Vec::new();
             let mut reports = Vec::new();
-            for inst in record["instances"].as_array().into_iter().flatten() {
-                if inst["kind"] != "evaluate" {
-                    continue;
-                }
-                let Some(fp) = inst["fingerprint"].as_str() else { continue };
+            for (name, fp) in &evaluations {
                 let prefix = rao_pipeline::store::output_prefix(fp, "report");
                 match store.get_json::<Vec<rao_stages::evaluate::EvalRow>>(&format!("{prefix}/summary.json")).await? {
                     Some(r) => rows.extend(r),
-                    None => eprintln!("{}: not finished in this run", inst["name"].as_str().unwrap_or("?")),
+                    None => eprintln!("{name}: not finished"),
                 }
                 if let Some(path) = store.local_path(&format!("{prefix}/report.html")) {
                     reports.push(path);
                 }
             }
             print!("{}", rao_stages::evaluate::table(&rows));
-            println!(
-                "run {} ({}), status {}",
-                record["run_id"].as_str().unwrap_or("?"),
-                record["pipeline"].as_str().unwrap_or("?"),
-                record["status"].as_str().unwrap_or("?")
-            );
+            println!("{heading}");
             for r in reports {
                 println!("report: {}", r.display());
             }
