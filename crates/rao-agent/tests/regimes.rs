@@ -81,9 +81,10 @@ fn long_document_verifier_and_sum_by_hand() {
     // A child is scored on its own slice: lines 2..4 hold one roll by alice.
     let slice = lang.goal(&question, 2, 2);
     assert_eq!(ep.verify(&slice, true, Some("1"), &none), 1.0);
-    // Reading copies lines into the context; out-of-range reads and flat splits are refused.
+    // Reading copies lines into the context, then the question's pattern; out-of-range reads and
+    // flat splits are refused.
     let read = ep.step(&slice, &lang.encode(&longdoc::Action::Read { start: 2, count: 2 }), true);
-    assert_eq!(read.step, Step::Observe(lang.vocab.ids("<obs> alice rolls 5 carol says hmm")));
+    assert_eq!(read.step, Step::Observe(lang.vocab.ids("<obs> alice rolls 5 carol says hmm alice rolls anything")));
     let outside = ep.step(&slice, &lang.encode(&longdoc::Action::Read { start: 0, count: 3 }), true);
     assert_eq!(outside.step, Step::Observe(lang.vocab.ids("<obs> err range")));
     let split = ep.step(&goal, &lang.encode(&longdoc::Action::Split(2)), true);
@@ -157,11 +158,16 @@ fn knowledge_graphs_are_seeded_and_chains_verify_by_hand() {
     assert_eq!(ep.verify(&goal, false, Some(&g.names[x3]), &none), 0.0);
     // A child asked for the first hop is verified against that hop's entity.
     assert_eq!(ep.verify(&lang.goal(t.entity, &t.relations[..1]), true, Some(&g.names[x1]), &none), 1.0);
-    // A page holds the fact among distractors, 3 tokens each, the same page every time.
+    // A page holds the fact among distractors about the same entity, 3 tokens each, then the
+    // query to complete; the same page every time.
     let Step::Observe(page) = ep.step(&goal, &lang.encode(&multihop::Action::Search(t.entity, t.relations[0])), true).step else { panic!() };
-    assert_eq!(page.len(), 1 + 3 * (1 + g.config.distractors));
-    let fact = [lang.entity_tok(t.entity), lang.relation_tok(t.relations[0]), lang.entity_tok(x1)];
-    assert!(page[1..].chunks(3).any(|f| f == fact));
+    assert_eq!(page.len(), 1 + 3 * (1 + g.config.distractors) + 2);
+    let (e, r) = (lang.entity_tok(t.entity), lang.relation_tok(t.relations[0]));
+    let facts: Vec<&[Tok]> = page[1..page.len() - 2].chunks(3).collect();
+    assert!(facts.contains(&&[e, r, lang.entity_tok(x1)][..]));
+    assert!(facts.iter().all(|f| f[0] == e), "every fact on the page is about the entity searched");
+    assert_eq!(facts.iter().filter(|f| f[1] == r).count(), 1, "one fact answers the query");
+    assert_eq!(page[page.len() - 2..], [e, r]);
     assert_eq!(Step::Observe(page), ep.step(&goal, &lang.encode(&multihop::Action::Search(t.entity, t.relations[0])), true).step);
     // Spawning one's own question is refused.
     let own = ep.step(&goal, &lang.encode(&multihop::Action::Spawn(t.entity, t.relations.clone())), true);

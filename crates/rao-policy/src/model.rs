@@ -20,6 +20,12 @@ pub struct ModelConfig {
     pub d_ff: usize,
     #[serde(default = "default_theta")]
     pub rope_theta: f64,
+    /// Add a learned projection of the previous token's embedding to each position's input (a
+    /// one-token "shift", as in RWKV's token shift or the smeared keys of the induction-head
+    /// literature), so one attention layer can find "the token after X". Looking a fact up on a
+    /// page is that step; without it a two-layer model did not learn it (README, multi-hop).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prev_token: bool,
 }
 
 fn default_theta() -> f64 {
@@ -28,7 +34,7 @@ fn default_theta() -> f64 {
 
 impl ModelConfig {
     pub fn tiny() -> Self {
-        ModelConfig { vocab: 0, d_model: 64, n_layers: 2, n_heads: 4, d_ff: 192, rope_theta: default_theta() }
+        ModelConfig { vocab: 0, d_model: 64, n_layers: 2, n_heads: 4, d_ff: 192, rope_theta: default_theta(), prev_token: false }
     }
     pub fn head_dim(&self) -> usize {
         self.d_model / self.n_heads
@@ -56,6 +62,8 @@ pub struct Transformer {
     pub n_heads: usize,
     pub d_model: usize,
     pub rope_theta: f64,
+    /// `[D, D]`: the previous token's embedding, projected, joins each input (config `prev_token`).
+    pub prev_mix: Option<Linear>,
 }
 
 /// Per-layer keys and values of everything seen so far: `[B, H, S, Dh]`.
@@ -190,6 +198,7 @@ impl Transformer {
             n_heads: cfg.n_heads,
             d_model: cfg.d_model,
             rope_theta: cfg.rope_theta,
+            prev_mix: cfg.prev_token.then(|| lin(cfg.d_model, cfg.d_model)),
         }
     }
 
@@ -202,17 +211,30 @@ impl Transformer {
     }
 
     /// Logits `[B, T, V]` for `tokens: [B, T]` at explicit `positions`, with an additive attention
-    /// `bias: [B, 1, T, S]` (S = cached + T; 0 or −∞). With a cache, keys/values are appended to it.
-    pub fn forward(&self, tokens: Tensor<2, Int>, positions: &[Vec<usize>], bias: Tensor<4>, cache: Option<&mut KvCache>) -> Tensor<3> {
-        self.forward_fused(&self.fuse(), tokens, positions, bias, cache)
+    /// `bias: [B, 1, T, S]` (S = cached + T; 0 or −∞). `prev: [B, T]` holds the token before each
+    /// one (`PAD` at the start; read only with `prev_token`). With a cache, keys/values are
+    /// appended to it.
+    pub fn forward(&self, tokens: Tensor<2, Int>, prev: Tensor<2, Int>, positions: &[Vec<usize>], bias: Tensor<4>, cache: Option<&mut KvCache>) -> Tensor<3> {
+        self.forward_fused(&self.fuse(), tokens, prev, positions, bias, cache)
     }
 
-    pub fn forward_fused(&self, fused: &Fused, tokens: Tensor<2, Int>, positions: &[Vec<usize>], bias: Tensor<4>, mut cache: Option<&mut KvCache>) -> Tensor<3> {
+    pub fn forward_fused(
+        &self,
+        fused: &Fused,
+        tokens: Tensor<2, Int>,
+        prev: Tensor<2, Int>,
+        positions: &[Vec<usize>],
+        bias: Tensor<4>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Tensor<3> {
         let device = tokens.device();
         let [b, t] = tokens.dims();
         let d = self.d_model;
         let rope = rope_tables(positions, self.n_heads, d / self.n_heads, self.rope_theta, &device);
         let mut x = self.embed.forward(tokens).reshape([b * t, d]);
+        if let Some(mix) = &self.prev_mix {
+            x = x + self.embed.forward(prev).reshape([b * t, d]).matmul(mix.weight.val());
+        }
         if let Some(c) = cache.as_deref_mut() {
             if c.layers.is_empty() {
                 c.layers = (0..self.blocks.len()).map(|_| None).collect();

@@ -189,6 +189,7 @@ impl Policy {
                 toks[i * t + j] = x as i64;
             }
         }
+        let prev = Tensor::<2, Int>::from_data(TensorData::new(previous_tokens(&toks, b, t), [b, t]), dev);
         let positions: Vec<Vec<usize>> = (0..b).map(|_| (0..t).collect()).collect();
         let mut bias = vec![NEG; b * t * t];
         for i in 0..b {
@@ -203,6 +204,7 @@ impl Policy {
         let logits = model.forward_fused(
             &fused,
             Tensor::<2, Int>::from_data(TensorData::new(toks, [b, t]), dev),
+            prev,
             &positions,
             Tensor::<4>::from_data(TensorData::new(bias, [b, 1, t, t]), dev),
             Some(&mut cache),
@@ -216,6 +218,8 @@ impl Policy {
         let mut slots = t; // keys in the cache
         loop {
             let mut next = vec![PAD as i64; b];
+            // The token before each row's next one: the last generated, else the context's last.
+            let before: Vec<i64> = (0..b).map(|i| *out[i].0.last().unwrap_or(&reqs[i].context[lens[i] - 1]) as i64).collect();
             for i in 0..b {
                 if done[i] {
                     continue;
@@ -246,6 +250,7 @@ impl Policy {
             let logits = model.forward_fused(
                 &fused,
                 Tensor::<2, Int>::from_data(TensorData::new(next, [b, 1]), dev),
+                Tensor::<2, Int>::from_data(TensorData::new(before, [b, 1]), dev),
                 &pos,
                 Tensor::<4>::from_data(TensorData::new(bias, [b, 1, 1, s]), dev),
                 Some(&mut cache),
@@ -302,6 +307,7 @@ impl Policy {
         }
         let f2 = |x: Vec<f32>| Tensor::<2>::from_data(TensorData::new(x, [b, t]), dev);
         Batch {
+            prev: Tensor::<2, Int>::from_data(TensorData::new(previous_tokens(&inputs, b, t), [b, t]), dev),
             inputs: Tensor::<2, Int>::from_data(TensorData::new(inputs, [b, t]), dev),
             targets: Tensor::<2, Int>::from_data(TensorData::new(targets, [b, t]), dev),
             mask: f2(mask),
@@ -315,7 +321,7 @@ impl Policy {
 
     /// Log-probs `[B, T]` of each target token under the masked, tempered distribution.
     fn token_logprobs(model: &Transformer, batch: &Batch, temperature: f64) -> Tensor<2> {
-        let logits = model.forward(batch.inputs.clone(), &batch.positions, batch.attn.clone(), None) / temperature + batch.grammar.clone();
+        let logits = model.forward(batch.inputs.clone(), batch.prev.clone(), &batch.positions, batch.attn.clone(), None) / temperature + batch.grammar.clone();
         log_softmax(logits, 2).gather(2, batch.targets.clone().unsqueeze_dim::<3>(2)).squeeze_dim::<2>(2)
     }
 
@@ -380,6 +386,7 @@ impl Policy {
 
 struct Batch {
     inputs: Tensor<2, Int>,
+    prev: Tensor<2, Int>,
     targets: Tensor<2, Int>,
     mask: Tensor<2>,
     old: Tensor<2>,
@@ -387,6 +394,11 @@ struct Batch {
     grammar: Tensor<3>,
     attn: Tensor<4>,
     positions: Vec<Vec<usize>>,
+}
+
+/// Row-major `[b, t]` tokens shifted one place right within each row (`PAD` first).
+fn previous_tokens(toks: &[i64], b: usize, t: usize) -> Vec<i64> {
+    (0..b * t).map(|k| if k % t == 0 { PAD as i64 } else { toks[k - 1] }).collect()
 }
 
 /// Sample from softmax(logits / τ) restricted to `allowed`; returns the token and its log-prob

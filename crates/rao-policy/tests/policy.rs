@@ -8,9 +8,14 @@ use rao_policy::params::{read_grads, read_params, write_params};
 use rao_policy::{Backend, Loss, ModelConfig, Policy, SampleRequest, Sequence};
 
 fn setup() -> (textcraft::World, TextCraftGrammar, Policy) {
+    setup_with(false)
+}
+
+/// `prev_token`: the model variant that also reads each token's predecessor.
+fn setup_with(prev_token: bool) -> (textcraft::World, TextCraftGrammar, Policy) {
     let world = textcraft::generate(&SynthConfig::small(), 1);
     let grammar = TextCraftGrammar::new(&world, 4);
-    let cfg = ModelConfig { vocab: world.vocab.len(), d_model: 32, n_layers: 2, n_heads: 4, d_ff: 64, rope_theta: 10_000.0 };
+    let cfg = ModelConfig { vocab: world.vocab.len(), d_model: 32, n_layers: 2, n_heads: 4, d_ff: 64, rope_theta: 10_000.0, prev_token };
     let policy = Policy::new(cfg, Backend::Cpu, 7).unwrap();
     (world, grammar, policy)
 }
@@ -41,7 +46,13 @@ fn as_sequences(reqs: &[SampleRequest], outs: &[(Vec<Tok>, Vec<f32>)], adv: f32)
 
 #[test]
 fn sampled_logprobs_equal_a_fresh_forward_pass() {
-    let (world, grammar, policy) = setup();
+    for prev_token in [false, true] {
+        sampled_logprobs_equal_a_fresh_forward_pass_with(prev_token);
+    }
+}
+
+fn sampled_logprobs_equal_a_fresh_forward_pass_with(prev_token: bool) {
+    let (world, grammar, policy) = setup_with(prev_token);
     let reqs = requests(&world);
     let outs = policy.sample(&reqs, &grammar, 1.0);
     for ((toks, lps), r) in outs.iter().zip(&reqs) {

@@ -16,7 +16,7 @@ fn main() {
     let layers = args.get(1).copied().unwrap_or(2);
     let world = textcraft::generate(&SynthConfig::small(), 1);
     let grammar = TextCraftGrammar::new(&world, 8);
-    let cfg = ModelConfig { vocab: world.vocab.len(), d_model: d, n_layers: layers, n_heads: 4, d_ff: 3 * d, rope_theta: 10_000.0 };
+    let cfg = ModelConfig { vocab: world.vocab.len(), d_model: d, n_layers: layers, n_heads: 4, d_ff: 3 * d, rope_theta: 10_000.0, prev_token: false };
     let mut policy = Policy::new(cfg.clone(), Backend::Cpu, 1).unwrap();
     println!("model: d={d} layers={layers} params={} vocab={}", policy.model.num_params(), cfg.vocab);
     let v = &world.vocab;

@@ -78,7 +78,7 @@ impl TaskSet for MultiHopSet {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MultiHopParams {
-    /// Graph size and page length (default: 48 entities, 6 relations, 7 distractors per page).
+    /// Graph size and page length (default: 48 entities, 8 relations, 7 distractors per page: the entity's other facts).
     #[serde(default)]
     pub graph: GraphConfig,
     /// Seed of the graph: keep it fixed so every iteration asks about the same graph.
@@ -110,7 +110,7 @@ pub struct MultiHopTasks;
 impl TypedStage for MultiHopTasks {
     type Params = MultiHopParams;
     const NAME: &'static str = "multihop_tasks";
-    const VERSION: u32 = 1;
+    const VERSION: u32 = 3; // 2: entity pages (one-key lookup), 8 relations; 3: pages end on the query
     const DESCRIBE: &'static str = "draw multi-hop chain questions over a seeded knowledge graph";
     const INPUTS: &'static [InputDecl] = &[];
     const OUTPUTS: &'static [&'static str] = &["tasks"];
