@@ -142,4 +142,5 @@ def main():
     print(f"update_ms_per_step {per * 1e3:.1f}")
 
 
-main()
+if __name__ == "__main__":
+    main()
