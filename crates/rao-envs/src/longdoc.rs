@@ -27,8 +27,6 @@ pub const LANGUAGE: &[&str] = &[
 pub const WIDTH: usize = 3;
 /// Tokens per document line (`SPEAKER VERB WORD`).
 pub const LINE_TOKENS: usize = 3;
-/// Tokens of the question's pattern that ends every `read` observation.
-pub const PATTERN_TOKENS: usize = 3;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -150,20 +148,14 @@ impl Lang {
         }
     }
 
-    /// The question as a line pattern: `WHO VERB WHAT` (`anyone`/`anything` for any).
-    pub fn pattern(&self, q: &Question) -> [Tok; PATTERN_TOKENS] {
+    /// `count WHO VERB WHAT START COUNT`.
+    pub fn goal(&self, q: &Question, start: u64, count: u64) -> Vec<Tok> {
         let who = q.who.map(|w| SPEAKERS[w as usize]).unwrap_or("anyone");
         let (verb, what) = match q.verb {
             Verb::Rolls => ("rolls", q.what.map(|w| DIGITS[w as usize]).unwrap_or("anything")),
             Verb::Casts => ("casts", q.what.map(|w| SPELLS[w as usize]).unwrap_or("anything")),
         };
-        [self.t(who), self.t(verb), self.t(what)]
-    }
-
-    /// `count WHO VERB WHAT START COUNT`.
-    pub fn goal(&self, q: &Question, start: u64, count: u64) -> Vec<Tok> {
-        let mut g = vec![self.t("count")];
-        g.extend(self.pattern(q));
+        let mut g = vec![self.t("count"), self.t(who), self.t(verb), self.t(what)];
         g.extend(fixed_number(&self.vocab, start, WIDTH));
         g.extend(fixed_number(&self.vocab, count, WIDTH));
         g
@@ -296,7 +288,6 @@ impl Episode for LongDocEpisode {
                 for l in &self.task.lines[s as usize..(s + c) as usize] {
                     obs.extend(lang.line(l));
                 }
-                obs.extend(lang.pattern(&q));
                 StepOutput::observe(obs)
             }
             Some(Action::Split(k)) => {
@@ -421,10 +412,9 @@ pub fn expert_action(lang: &Lang, cfg: &DocExpertConfig, ctx: &[Tok], window: us
     for (a, obs) in &node.turns {
         if let (Some(Action::Read { start: s, count: c }), Some((&OBS, body))) = (lang.parse(a), obs.split_first()) {
             // Only reads that continue where the last one stopped count (noise reads do not).
-            if s == next && body.len() == c as usize * LINE_TOKENS + PATTERN_TOKENS {
+            if s == next && body.len() == c as usize * LINE_TOKENS {
                 seen += c;
-                matched += body[..c as usize * LINE_TOKENS]
-                    .chunks(LINE_TOKENS).filter_map(|l| lang.parse_line(l)).filter(|l| q.matches(l)).count() as u64;
+                matched += body.chunks(LINE_TOKENS).filter_map(|l| lang.parse_line(l)).filter(|l| q.matches(l)).count() as u64;
                 next = s + c;
             }
         }
@@ -436,7 +426,7 @@ pub fn expert_action(lang: &Lang, cfg: &DocExpertConfig, ctx: &[Tok], window: us
     // Room for the next read: its action, its observation and the final answer.
     let used = ctx.len();
     let answer_cost = 1 + WIDTH + 1;
-    let read_cost = 1 + 2 * WIDTH + 1 + 1 + PATTERN_TOKENS;
+    let read_cost = 1 + 2 * WIDTH + 1 + 1;
     let fits = window.saturating_sub(used + answer_cost + read_cost) / LINE_TOKENS;
     if node.turns.is_empty() && count as usize > fits && node.recursive && node.depth < cfg.max_depth && rng.chance(cfg.delegate) {
         let k = count.div_ceil(fits.max(1) as u64).clamp(2, cfg.max_children).min(count);

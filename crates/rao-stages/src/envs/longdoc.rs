@@ -110,7 +110,7 @@ pub struct LongDocTasks;
 impl TypedStage for LongDocTasks {
     type Params = LongDocParams;
     const NAME: &'static str = "longdoc_tasks";
-    const VERSION: u32 = 2; // 2: reads end on the question pattern
+    const VERSION: u32 = 1;
     const DESCRIBE: &'static str = "draw long-document aggregation tasks (a transcript many windows long, a counting question)";
     const INPUTS: &'static [InputDecl] = &[];
     const OUTPUTS: &'static [&'static str] = &["tasks"];
