@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_policy import Transformer, causal_bias  # noqa: E402
+from tiny_training import Learner  # noqa: E402
+from torch_policy import causal_bias  # noqa: E402
 
 SPEAKERS, SPELLS, FILLER = 6, 6, 6
 WORDS = ["<pad>", "<bos>", "<rec>", "@0", "count", "read", "answer", "<eos>", "<obs>", "anyone", "anything", "rolls", "casts", "says"]
@@ -62,38 +63,21 @@ def leaf(lo, hi):
 def train(lo, hi, steps, d=64, seed=0):
     random.seed(seed)
     torch.manual_seed(seed)
-    model = Transformer(len(WORDS), d, 2, 4, 3 * d)
-    for p in model.parameters():
-        if p.dim() == 2:
-            torch.nn.init.normal_(p, 0, 0.02)
-    prev_mix = torch.nn.Linear(d, d, bias=False)
-    torch.nn.init.normal_(prev_mix.weight, 0, 0.02)
-    params = list(model.parameters()) + list(prev_mix.parameters())
-    opt = torch.optim.Adam(params, lr=2e-3)
+    learner = Learner(len(WORDS), d, True, steps)
 
     def batch(n):
         leaves = [leaf(lo, hi) for _ in range(n)]
         t = max(len(x[0]) for x in leaves)
         toks = torch.tensor([x[0] + [0] * (t - len(x[0])) for x in leaves])
         gen = torch.tensor([x[1] + [0] * (t - len(x[1])) for x in leaves]).float()
-        h = model.emb(toks[:, :-1])
-        h = h + prev_mix(torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1))
         pos = torch.arange(t - 1).expand(n, t - 1)
-        for blk in model.blocks:
-            h = blk(h, pos, causal_bias(n, t - 1))
-        return leaves, toks, gen, model.norm(h) @ model.emb.weight.T
+        return leaves, toks, gen, learner.logits(toks[:, :-1], pos, causal_bias(n, t - 1))
 
     report = []
     for step in range(1, steps + 1):
         _, toks, gen, logits = batch(64)
         lp = F.log_softmax(logits, -1).gather(-1, toks[:, 1:, None])[..., 0]
-        loss = -(lp * gen[:, 1:]).sum() / gen[:, 1:].sum()
-        for g in opt.param_groups:
-            g["lr"] = 2e-3 * (1 - 0.9 * step / steps)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        learner.update(-(lp * gen[:, 1:]).sum() / gen[:, 1:].sum())
         if step % 300 == 0:
             with torch.no_grad():
                 leaves, toks, _, logits = batch(256)

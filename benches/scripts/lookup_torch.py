@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_policy import Transformer, causal_bias  # noqa: E402
+from tiny_training import Learner  # noqa: E402
+from torch_policy import causal_bias  # noqa: E402
 
 ENTITIES, RELATIONS = 48, 8
 BOS, REC, DEPTH0, SEARCH, ANSWER, EOS, OBS = range(7)
@@ -39,14 +40,7 @@ def question(query_at_end):
 def train(query_at_end, prev_token, steps, seed=0, d=64):
     random.seed(seed)
     torch.manual_seed(seed)
-    model = Transformer(VOCAB, d, 2, 4, 3 * d)
-    for p in model.parameters():
-        if p.dim() == 2:
-            torch.nn.init.normal_(p, 0, 0.02)
-    prev_mix = torch.nn.Linear(d, d, bias=False)
-    torch.nn.init.normal_(prev_mix.weight, 0, 0.02)
-    params = list(model.parameters()) + (list(prev_mix.parameters()) if prev_token else [])
-    opt = torch.optim.Adam(params, lr=2e-3)
+    learner = Learner(VOCAB, d, prev_token, steps)
     t = len(question(query_at_end)[0]) - 1
     bias, pos = causal_bias(64, t), torch.arange(t).expand(64, t)
     losses = []
@@ -54,19 +48,8 @@ def train(query_at_end, prev_token, steps, seed=0, d=64):
         batch = [question(query_at_end) for _ in range(64)]
         toks = torch.tensor([b[0] for b in batch])
         x, y, at = toks[:, :-1], toks[:, 1:], batch[0][1] - 1
-        h = model.emb(x)
-        if prev_token:
-            h = h + prev_mix(torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1))
-        for blk in model.blocks:
-            h = blk(h, pos, bias)
-        logits = model.norm(h) @ model.emb.weight.T
-        loss = F.cross_entropy(logits[:, at], y[:, at])
-        for g in opt.param_groups:
-            g["lr"] = 2e-3 * (1 - 0.9 * step / steps)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss = F.cross_entropy(learner.logits(x, pos, bias)[:, at], y[:, at])
+        learner.update(loss)
         if step % 250 == 0:
             losses.append(f"{step}:{loss.item():.3f}")
     print(f"query_at_end={query_at_end!s:5} prev_token={prev_token!s:5} answer loss  " + "  ".join(losses), flush=True)
