@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 use rao_agent::RunMeta;
 use rao_envs::rng::Rng;
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
-use rao_policy::{Backend, Loss, ModelConfig, Policy, Sequence};
+use rao_policy::{Backend, Checkpoint, Loss, ModelConfig, Policy, Sequence};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -58,11 +58,15 @@ pub struct GateParams {
     /// Fail the stage if the gate is not reached (else only record it).
     #[serde(default = "yes")]
     pub required: bool,
+    /// When the gate is never reached, write the checkpoint of the gate check that scored best
+    /// rather than the last one (held-out success can fall while the training loss still does).
+    #[serde(default)]
+    pub keep_best: bool,
 }
 
 impl Default for GateParams {
     fn default() -> Self {
-        GateParams { min_node_success: 0.9, required: true }
+        GateParams { min_node_success: 0.9, required: true, keep_best: false }
     }
 }
 
@@ -195,6 +199,8 @@ impl TypedStage for Warmstart {
             let log = ctx.scratch.join("warmstart.log");
             std::fs::create_dir_all(&ctx.scratch)?;
             let mut lines = String::new();
+            // (node success, root success, step, checkpoint) of the best gate check so far.
+            let mut best: Option<(f64, f64, usize, Checkpoint)> = None;
             'train: loop {
                 let batches = if p.bucket_by_length {
                     length_bucketed(&mut seqs, p.batch.max(1), &mut rng)
@@ -213,15 +219,25 @@ impl TypedStage for Warmstart {
                     loss = policy.train_step(&batch, grammar.as_ref(), Loss::Supervised, lr, 1.0).loss;
                     step += 1;
                     if step % p.eval_every.max(1) == 0 || step >= p.max_steps {
-                        let snapshot = Arc::new(Policy::from_checkpoint(&policy.checkpoint(), p.backend)?);
+                        let checkpoint = policy.checkpoint();
+                        let snapshot = Arc::new(Policy::from_checkpoint(&checkpoint, p.backend)?);
                         (node_success, root_success) = gate_check(gate_set.as_ref(), snapshot, &p.limits, ctx.seed).await;
                         lines.push_str(&format!("step {step} loss {loss:.4} gate node_success {node_success:.3} root_success {root_success:.3}\n"));
                         std::fs::write(&log, &lines)?;
+                        if p.gate.keep_best && best.as_ref().is_none_or(|b| node_success > b.0) {
+                            best = Some((node_success, root_success, step, checkpoint));
+                        }
                         if node_success >= p.gate.min_node_success || step >= p.max_steps {
                             break 'train;
                         }
                     }
                 }
+            }
+            let mut checkpoint = policy.checkpoint();
+            if let Some((n, r, at, kept)) = best.filter(|b| b.2 != step) {
+                lines.push_str(&format!("kept the checkpoint of step {at} (gate node_success {n:.3}, the best)\n"));
+                (node_success, root_success, checkpoint) = (n, r, kept);
+                ctx.set_metric("kept_step", at as f64);
             }
             ctx.set_metric("steps", step as f64);
             ctx.set_metric("loss", loss);
@@ -234,7 +250,7 @@ impl TypedStage for Warmstart {
                     p.gate.min_node_success
                 );
             }
-            write_checkpoint(&ctx, "checkpoint", &policy.checkpoint())
+            write_checkpoint(&ctx, "checkpoint", &checkpoint)
         })
     }
 }
