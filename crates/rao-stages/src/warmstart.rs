@@ -224,7 +224,7 @@ impl TypedStage for Warmstart {
                         (node_success, root_success) = gate_check(gate_set.as_ref(), snapshot, &p.limits, ctx.seed).await;
                         lines.push_str(&format!("step {step} loss {loss:.4} gate node_success {node_success:.3} root_success {root_success:.3}\n"));
                         std::fs::write(&log, &lines)?;
-                        if p.gate.keep_best && best.as_ref().is_none_or(|b| node_success > b.0) {
+                        if p.gate.keep_best && best.as_ref().is_none_or(|b| node_success >= b.0) {
                             best = Some((node_success, root_success, step, checkpoint));
                         }
                         if node_success >= p.gate.min_node_success || step >= p.max_steps {
