@@ -101,20 +101,30 @@ fn two_runs_from_scratch_give_identical_checkpoints_and_metrics() {
 /// steps on noise actions, under a 4-action budget, so it often runs out before `finish`; RL
 /// (rollout → judge → advantage → CISPO update) must learn to stop wasting steps. Success is
 /// measured on 256 held-out trees before and after; the margin is many standard errors wide.
-const RL_SMOKE: &str = r#"
+/// Demonstration and gate tasks of the learning tests: tier-1 crafting, drawn by fixed seeds.
+macro_rules! tier1_demo_and_gate_tasks {
+    () => {
+        r#"  demo_tasks:
+    kind: synthesize
+    params: {tiers: [1, 1], per_band: 64, task_seed: 1}
+  gate_tasks:
+    kind: synthesize
+    params: {tiers: [1, 1], per_band: 16, split: validation, task_seed: 2}
+"#
+    };
+}
+
+const RL_SMOKE: &str = concat!(
+    r#"
 name: rl-smoke
 seed: 5
 params:
   limits: {window: 64, max_depth: 0, max_children: 1, max_nodes: 1, step_budget: 4}
   model: {d_model: 64, n_layers: 2, n_heads: 4, d_ff: 128}
 stages:
-  demo_tasks:
-    kind: synthesize
-    params: {tiers: [1, 1], per_band: 64, task_seed: 1}
-  gate_tasks:
-    kind: synthesize
-    params: {tiers: [1, 1], per_band: 16, split: validation, task_seed: 2}
-  eval_tasks:
+"#,
+    tier1_demo_and_gate_tasks!(),
+    r#"  eval_tasks:
     kind: synthesize
     params: {tiers: [1, 1], per_band: 64, split: validation, task_seed: 3}
   warmstart:
@@ -161,7 +171,8 @@ stages:
     kind: evaluate
     inputs: {tasks: eval_tasks.tasks, checkpoint: train.policy}
     params: {label: rl, modes: [flat], group_size: 4, limits: "${params.limits}"}
-"#;
+"#
+);
 
 #[test]
 fn rl_raises_success_over_the_warm_start() {
@@ -195,19 +206,16 @@ fn rl_raises_success_over_the_warm_start() {
 #[test]
 fn warm_start_keeps_its_best_gate_check() {
     let dir = tempfile::tempdir().unwrap();
-    let pipeline = r#"
+    let pipeline = concat!(
+        r#"
 name: keep-best
 seed: 3
 params:
   limits: {window: 64, max_depth: 0, max_children: 1, max_nodes: 1, step_budget: 4}
 stages:
-  demo_tasks:
-    kind: synthesize
-    params: {tiers: [1, 1], per_band: 64, task_seed: 1}
-  gate_tasks:
-    kind: synthesize
-    params: {tiers: [1, 1], per_band: 16, split: validation, task_seed: 2}
-  warmstart:
+"#,
+        tier1_demo_and_gate_tasks!(),
+        r#"  warmstart:
     kind: warmstart
     inputs: {tasks: demo_tasks.tasks, gate_tasks: gate_tasks.tasks}
     params:
@@ -218,7 +226,8 @@ stages:
       eval_every: 50
       batch: 32
       gate: {min_node_success: 1.01, required: false, keep_best: true}
-"#;
+"#
+    );
     std::fs::write(dir.path().join("kb.yaml"), pipeline).unwrap();
     let o = rao(&["run", "kb.yaml", "--store", "s"], dir.path());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

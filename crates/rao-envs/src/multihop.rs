@@ -32,7 +32,7 @@ pub struct GraphConfig {
 }
 
 impl Default for GraphConfig {
-    /// A page is 1 + 3·8 = 25 tokens: at a 96-token window a flat agent holds two hops, not three.
+    /// A page is 1 + 3·8 + 2 = 27 tokens: at a 96-token window a flat agent holds two hops, not three.
     fn default() -> Self {
         GraphConfig { entities: 48, relations: 8, distractors: 7 }
     }

@@ -233,12 +233,15 @@ impl TypedStage for Warmstart {
                     }
                 }
             }
-            let mut checkpoint = policy.checkpoint();
-            if let Some((n, r, at, kept)) = best.filter(|b| b.2 != step) {
-                lines.push_str(&format!("kept the checkpoint of step {at} (gate node_success {n:.3}, the best)\n"));
-                (node_success, root_success, checkpoint) = (n, r, kept);
-                ctx.set_metric("kept_step", at as f64);
-            }
+            let checkpoint = match best.filter(|b| b.2 != step) {
+                Some((n, r, at, kept)) => {
+                    lines.push_str(&format!("kept the checkpoint of step {at} (gate node_success {n:.3}, the best)\n"));
+                    (node_success, root_success) = (n, r);
+                    ctx.set_metric("kept_step", at as f64);
+                    kept
+                }
+                None => policy.checkpoint(),
+            };
             ctx.set_metric("steps", step as f64);
             ctx.set_metric("loss", loss);
             ctx.set_metric("gate_node_success", node_success);
