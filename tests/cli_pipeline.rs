@@ -240,3 +240,34 @@ fn the_other_regimes_run_through_the_same_stages() {
         assert_eq!(tasks(dir.path()), tasks(again.path()), "{env}: same seed, same tasks");
     }
 }
+
+/// `policy: paced_expert` takes the scripted expert's decisions and pays the model's compute:
+/// its trees are the expert's (same actions, scores and shapes, in both modes), and `latency:
+/// true` (one task at a time) changes only the timing.
+#[test]
+fn the_paced_expert_acts_exactly_like_the_expert() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = "{window: 96, max_depth: 2, max_children: 4}";
+    let body = format!(
+        "name: paced\nseed: 2\nstages:\n  \
+         docs: {{kind: longdoc_tasks, params: {{config: {{min_lines: 40, max_lines: 120}}, count: 6, split: validation}}}}\n  \
+         demos: {{kind: longdoc_tasks, params: {{config: {{min_lines: 40, max_lines: 120}}, count: 4}}}}\n  \
+         warmstart: {{kind: warmstart, inputs: {{tasks: demos.tasks, gate_tasks: docs.tasks}}, params: {{model: {{d_model: 16, n_layers: 1, n_heads: 2, d_ff: 32}}, limits: {limits}, max_steps: 2, eval_every: 2, gate: {{min_node_success: 0.9, required: false}}}}}}\n  \
+         expert: {{kind: evaluate, inputs: {{tasks: docs.tasks}}, params: {{policy: expert, label: same, limits: {limits}}}}}\n  \
+         paced: {{kind: evaluate, inputs: {{tasks: docs.tasks, checkpoint: warmstart.checkpoint}}, params: {{policy: paced_expert, label: same, latency: true, limits: {limits}}}}}\n"
+    );
+    std::fs::write(dir.path().join("p.yaml"), &body).unwrap();
+    let run = rao(&["run", "p.yaml"], dir.path());
+    assert!(run.status.success(), "{}", text(&run));
+    let report = text(&rao(&["report", "p.yaml"], dir.path()));
+    // Every column but the last (s/task) of each row, per evaluation (rows are printed per stage).
+    let rows: Vec<String> = report
+        .lines()
+        .filter(|l| l.starts_with("same "))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().split_last().unwrap().1.join(" "))
+        .collect();
+    assert!(rows.len() >= 4 && rows.len() % 2 == 0, "{report}");
+    let (a, b) = rows.split_at(rows.len() / 2);
+    assert_eq!(a, b, "{report}");
+    assert!(a.iter().any(|r| r.contains("recursive") && r.contains(" 1.00 ")), "the expert solves these recursively: {report}");
+}

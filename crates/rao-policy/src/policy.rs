@@ -175,6 +175,30 @@ impl Policy {
     /// what the grammar allows. Returns tokens (ending in `<eos>` unless the window ran out) and
     /// the log-prob of each under the distribution actually sampled from.
     pub fn sample(&self, reqs: &[SampleRequest], grammar: &dyn Grammar, temperature: f64) -> Vec<(Vec<Tok>, Vec<f32>)> {
+        let mut rngs: Vec<Rng> = reqs.iter().map(|r| Rng::new(r.seed)).collect();
+        self.decode(reqs, |i, logits, prefix| {
+            let allowed = grammar.allowed(reqs[i].recursive, prefix);
+            sample_masked(logits, &allowed, temperature, &mut rngs[i])
+        })
+    }
+
+    /// Decode the given actions (teacher forcing) with exactly the passes `sample` makes — the
+    /// same prefill, KV cache and one batched forward per token — so the compute (and wall
+    /// clock) is that of a model that chose these tokens. `actions[i]` should end in `<eos>`;
+    /// a row stops there or when its window runs out. Log-probs are the model's own.
+    pub fn force(&self, reqs: &[SampleRequest], actions: &[Vec<Tok>]) -> Vec<(Vec<Tok>, Vec<f32>)> {
+        assert_eq!(reqs.len(), actions.len(), "one forced action per request");
+        self.decode(reqs, |i, logits, prefix| {
+            let tok = actions[i].get(prefix.len()).copied().unwrap_or(EOS);
+            let max = logits.iter().cloned().fold(f32::MIN, f32::max);
+            let z: f32 = logits.iter().map(|x| (x - max).exp()).sum();
+            (tok, logits[tok as usize] - max - z.ln())
+        })
+    }
+
+    /// The decoding loop shared by `sample` and `force`: `choose(row, last logits, tokens so
+    /// far)` picks each row's next token and its log-prob.
+    fn decode(&self, reqs: &[SampleRequest], mut choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32)) -> Vec<(Vec<Tok>, Vec<f32>)> {
         if reqs.is_empty() {
             return vec![];
         }
@@ -214,7 +238,6 @@ impl Policy {
         let mut last: Vec<Vec<f32>> = (0..b).map(|i| all[(i * t + lens[i] - 1) * vocab..(i * t + lens[i]) * vocab].to_vec()).collect();
         let mut out: Vec<(Vec<Tok>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); b];
         let mut done: Vec<bool> = reqs.iter().map(|r| r.max_new_tokens == 0).collect();
-        let mut rngs: Vec<Rng> = reqs.iter().map(|r| Rng::new(r.seed)).collect();
         let mut slots = t; // keys in the cache
         loop {
             let mut next = vec![PAD as i64; b];
@@ -224,8 +247,7 @@ impl Policy {
                 if done[i] {
                     continue;
                 }
-                let allowed = grammar.allowed(reqs[i].recursive, &out[i].0);
-                let (tok, lp) = sample_masked(&last[i], &allowed, temperature, &mut rngs[i]);
+                let (tok, lp) = choose(i, &last[i], &out[i].0);
                 out[i].0.push(tok);
                 out[i].1.push(lp);
                 next[i] = tok as i64;

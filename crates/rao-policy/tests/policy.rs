@@ -73,6 +73,36 @@ fn sampled_logprobs_equal_a_fresh_forward_pass_with(prev_token: bool) {
     assert_eq!(policy.sample(&reqs, &grammar, 1.0), outs);
 }
 
+/// Every token allowed: log-probs under the model's unmasked distribution.
+struct AnyToken(usize);
+
+impl Grammar for AnyToken {
+    fn allowed(&self, _recursive: bool, _prefix: &[Tok]) -> Vec<Tok> {
+        (0..self.0 as Tok).collect()
+    }
+}
+
+#[test]
+fn forced_decoding_returns_the_given_actions_with_the_models_logprobs() {
+    let (world, grammar, policy) = setup_with(true);
+    let mut reqs = requests(&world);
+    let actions: Vec<Vec<Tok>> = policy.sample(&reqs, &grammar, 1.0).into_iter().map(|(t, _)| t).collect();
+    let forced = policy.force(&reqs, &actions);
+    for ((toks, lps), a) in forced.iter().zip(&actions) {
+        assert_eq!(toks, a);
+        assert_eq!(lps.len(), a.len());
+    }
+    let fresh = policy.sequence_logprobs(&as_sequences(&reqs, &forced, 1.0), &AnyToken(world.vocab.len()), 1.0);
+    for ((_, lps), f) in forced.iter().zip(&fresh) {
+        for (a, b) in lps.iter().zip(f) {
+            assert!((a - b).abs() < 1e-4, "forced {a} vs recomputed {b}");
+        }
+    }
+    // A row whose window runs out stops there, like sampling does.
+    reqs[0].max_new_tokens = 2;
+    assert_eq!(policy.force(&reqs, &actions)[0].0, actions[0][..2].to_vec());
+}
+
 #[test]
 fn cispo_gradient_matches_finite_differences_of_its_surrogate() {
     let (world, grammar, mut policy) = setup();

@@ -12,7 +12,7 @@ use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::rollout::{ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, make_policy, rollout_trees};
+use crate::rollout::{ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, make_policy, rollout_trees, rollout_trees_one_task_at_a_time};
 use crate::envs;
 use crate::training::write_trees;
 use crate::update::HISTORY_FILE;
@@ -38,6 +38,10 @@ pub struct EvaluateParams {
     /// A label for this evaluation in reports (e.g. `recursive` or `flat-baseline`).
     #[serde(default)]
     pub label: Option<String>,
+    /// Run one task's trees at a time, so `s/task` is each task's latency alone rather than
+    /// its share of a batch of all tasks (slower to run; same seeds).
+    #[serde(default)]
+    pub latency: bool,
 }
 
 fn checkpoint() -> PolicyKind {
@@ -148,9 +152,12 @@ impl TypedStage for Evaluate {
             let mut depth_hist: BTreeMap<String, BTreeMap<i32, usize>> = BTreeMap::new();
             for &mode in &p.modes {
                 let mode_name = if mode == Mode::Recursive { "recursive" } else { "flat" };
-                let trees =
-                    rollout_trees(set.as_ref(), &all, policy.clone(), mode, p.group_size, p.limits.limits(mode), Default::default(), ctx.seed)
-                        .await;
+                let (limits, policy) = (p.limits.limits(mode), policy.clone());
+                let trees = if p.latency {
+                    rollout_trees_one_task_at_a_time(set.as_ref(), &all, policy, mode, p.group_size, limits, Default::default(), ctx.seed).await
+                } else {
+                    rollout_trees(set.as_ref(), &all, policy, mode, p.group_size, limits, Default::default(), ctx.seed).await
+                };
                 for group in set.label_order() {
                     let mine: Vec<&Vec<NodeRecord>> =
                         trees.iter().filter(|t| group_of.get(t[0].task_id.as_str()) == Some(&group)).collect();

@@ -73,3 +73,30 @@ impl RuntimePolicy for NeuralPolicy {
         self.policy.version
     }
 }
+
+/// The scripted expert's actions, decoded token by token through the learned model (teacher
+/// forcing, `Policy::force`): the expert's behaviour at the model's compute cost. Flat and
+/// recursive runs then compare wall clock at equal behaviour, which the learned policy alone
+/// cannot give where one mode fails.
+pub struct PacedExpert {
+    pub expert: Arc<dyn RuntimePolicy>,
+    pub model: Arc<Policy>,
+    pub rec: Tok,
+}
+
+impl RuntimePolicy for PacedExpert {
+    fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
+        let rec = self.rec;
+        let reqs: Vec<SampleRequest> = batch
+            .iter()
+            .map(|r| SampleRequest { recursive: r.context.get(1) == Some(&rec), context: r.context.clone(), max_new_tokens: r.max_new_tokens, seed: r.seed })
+            .collect();
+        Box::pin(async move {
+            let actions: Vec<Vec<Tok>> = self.expert.act(batch).await.into_iter().map(|r| r.tokens).collect();
+            let model = self.model.clone();
+            let out = tokio::task::spawn_blocking(move || model.force(&reqs, &actions)).await.expect("forced decoding panicked");
+            out.into_iter().map(|(tokens, logprobs)| Response { tokens, logprobs }).collect()
+        })
+    }
+}
+

@@ -23,6 +23,10 @@ pub enum PolicyKind {
     Random,
     /// The learned policy of the `checkpoint` input.
     Checkpoint,
+    /// The scripted expert's actions decoded through the `checkpoint` input's model: the
+    /// expert's behaviour at the model's compute cost (for wall-clock comparisons).
+    #[serde(rename = "paced_expert")]
+    PacedExpert,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq)]
@@ -173,9 +177,34 @@ pub async fn rollout_trees(
     meta: RunMeta,
     seed: u64,
 ) -> Vec<Vec<NodeRecord>> {
-    let batcher = Batcher::start(policy);
-    let mut trees = Vec::new();
+    let specs = tree_specs(set, tasks.iter().copied().enumerate(), mode, group, seed);
+    run_batch(policy, specs, limits, meta).await
+}
+
+/// The same trees (same seeds), but one task's trees at a time: each task's wall clock is then
+/// its latency alone — its own nodes share each batched forward pass, nobody else's do.
+pub async fn rollout_trees_one_task_at_a_time(
+    set: &dyn TaskSet,
+    tasks: &[usize],
+    policy: Arc<dyn Policy>,
+    mode: Mode,
+    group: usize,
+    limits: Limits,
+    meta: RunMeta,
+    seed: u64,
+) -> Vec<Vec<NodeRecord>> {
+    let mut out = Vec::new();
     for (ti, &t) in tasks.iter().enumerate() {
+        let specs = tree_specs(set, std::iter::once((ti, t)), mode, group, seed);
+        out.extend(run_batch(policy.clone(), specs, limits, meta.clone()).await);
+    }
+    out
+}
+
+/// `group` trees per (position, task index); a tree's seed depends on its task's position.
+fn tree_specs(set: &dyn TaskSet, tasks: impl Iterator<Item = (usize, usize)>, mode: Mode, group: usize, seed: u64) -> Vec<TreeSpec> {
+    let mut trees = Vec::new();
+    for (ti, t) in tasks {
         for g in 0..group {
             trees.push(TreeSpec {
                 episode: set.episode(t),
@@ -186,6 +215,11 @@ pub async fn rollout_trees(
             });
         }
     }
+    trees
+}
+
+async fn run_batch(policy: Arc<dyn Policy>, trees: Vec<TreeSpec>, limits: Limits, meta: RunMeta) -> Vec<Vec<NodeRecord>> {
+    let batcher = Batcher::start(policy);
     let out = run_trees(&batcher, trees, limits, meta).await;
     batcher.close();
     out
@@ -250,6 +284,12 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
             anyhow::ensure!(ctx.inputs.contains_key("checkpoint"), "`policy: checkpoint` needs a `checkpoint` input");
             let policy = crate::neural::load_policy(ctx, "checkpoint", p.backend).await?;
             Arc::new(crate::neural::NeuralPolicy::new(Arc::new(policy), set.grammar(limits.max_children as usize), set.vocab(), p.temperature))
+        }
+        PolicyKind::PacedExpert => {
+            anyhow::ensure!(ctx.inputs.contains_key("checkpoint"), "`policy: paced_expert` needs a `checkpoint` input (the model whose compute paces it)");
+            let model = crate::neural::load_policy(ctx, "checkpoint", p.backend).await?;
+            let expert = set.expert(ExpertSpec { delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed }, &limits);
+            Arc::new(crate::neural::PacedExpert { expert, model: Arc::new(model), rec: set.vocab().id("<rec>") })
         }
     })
 }
