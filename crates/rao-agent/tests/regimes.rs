@@ -46,6 +46,27 @@ fn doc_limits(recursive: bool) -> Limits {
     if recursive { Limits { max_depth: 2, max_children: 4, step_budget: 15, ..Limits::recursive(96) } } else { Limits::flat(96) }
 }
 
+/// `balanced_counts`: every answer from 0 to 10 about equally often (natural short documents
+/// answer mostly 0–2), each document still as long as drawn.
+#[test]
+fn balanced_documents_spread_their_answers_evenly() {
+    let count_shares = |balanced: bool| {
+        let cfg = DocConfig { min_lines: 12, max_lines: 20, balanced_counts: balanced, ..DocConfig::default() };
+        let docs = longdoc::synthesize(&cfg, 550, false, 4);
+        assert!(docs.iter().all(|d| (12..=20).contains(&d.lines.len())));
+        let mut hist = [0usize; 21];
+        for d in &docs {
+            hist[d.question.count(&d.lines) as usize] += 1;
+        }
+        hist.map(|n| n as f64 / docs.len() as f64)
+    };
+    let balanced = count_shares(true);
+    assert!(balanced[..=10].iter().all(|&p| (0.05..0.14).contains(&p)), "{balanced:?}");
+    assert_eq!(balanced[11..].iter().sum::<f64>(), 0.0);
+    let natural = count_shares(false);
+    assert!(natural.iter().cloned().fold(0.0, f64::max) > 0.25, "natural counts cluster: {natural:?}");
+}
+
 #[test]
 fn long_documents_are_seeded_and_several_windows_long() {
     let cfg = DocConfig::default();
@@ -83,7 +104,7 @@ fn long_document_verifier_and_sum_by_hand() {
     assert_eq!(ep.verify(&slice, true, Some("1"), &none), 1.0);
     // Reading copies lines into the context; out-of-range reads and flat splits are refused.
     let read = ep.step(&slice, &lang.encode(&longdoc::Action::Read { start: 2, count: 2 }), true);
-    assert_eq!(read.step, Step::Observe(lang.vocab.ids("<obs> alice rolls 5 carol says hmm")));
+    assert_eq!(read.step, Step::Observe(lang.vocab.ids("<obs> alice rolls 5 carol says hmm alice rolls anything")), "lines, then the question");
     let outside = ep.step(&slice, &lang.encode(&longdoc::Action::Read { start: 0, count: 3 }), true);
     assert_eq!(outside.step, Step::Observe(lang.vocab.ids("<obs> err range")));
     let split = ep.step(&goal, &lang.encode(&longdoc::Action::Split(2)), true);

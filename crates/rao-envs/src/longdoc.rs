@@ -1,9 +1,10 @@
 //! Long-document aggregation (Oolong-style): a seeded session transcript several times larger
 //! than the context window, and a question about the whole of it ("how many times did alice
 //! roll?"). The document is not in the context: like a variable in a REPL it stays in the
-//! environment, and a node reads slices of it (`read START COUNT`), splits its range among
-//! children who answer the same question on their slice (`split K`), and answers with a number
-//! or with the sum of its children's answers (`answer sum`). Numeric answers score 0.75^|error|.
+//! environment, and a node reads slices of it (`read START COUNT`: the lines, then the question
+//! again), splits its range among children who answer the same question on their slice
+//! (`split K`), and answers with a number or with the sum of its children's answers
+//! (`answer sum`). Numeric answers score 0.75^|error|.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,6 +28,8 @@ pub const LANGUAGE: &[&str] = &[
 pub const WIDTH: usize = 3;
 /// Tokens per document line (`SPEAKER VERB WORD`).
 pub const LINE_TOKENS: usize = 3;
+/// Tokens of a question (`WHO VERB WHAT`), which also ends every `read` observation.
+pub const QUESTION_TOKENS: usize = 3;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -35,12 +38,17 @@ pub struct DocConfig {
     pub spells: usize,
     pub min_lines: u32,
     pub max_lines: u32,
+    /// Draw each document's answer uniformly from 0..=min(lines, 10) and place that many
+    /// matching lines among non-matching ones (instead of lines drawn independently, whose
+    /// counts cluster at the likeliest value): short documents that teach counting itself.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub balanced_counts: bool,
 }
 
 impl Default for DocConfig {
     /// 160–320 lines: 480–960 tokens of document for a 96-token window.
     fn default() -> Self {
-        DocConfig { speakers: 6, spells: 6, min_lines: 160, max_lines: 320 }
+        DocConfig { speakers: 6, spells: 6, min_lines: 160, max_lines: 320, balanced_counts: false }
     }
 }
 
@@ -219,26 +227,58 @@ pub fn synthesize(config: &DocConfig, n: usize, validation: bool, seed: u64) -> 
     (0..n)
         .map(|i| {
             let len = rng.range(config.min_lines as u64, config.max_lines as u64) as usize;
-            let lines: Vec<Line> = (0..len)
-                .map(|_| {
-                    let speaker = rng.below(config.speakers) as u8;
-                    match rng.below(10) {
-                        0..4 => Line::Roll { speaker, value: rng.below(10) as u8 },
-                        4..7 => Line::Cast { speaker, spell: rng.below(config.spells) as u8 },
-                        _ => Line::Say { speaker, word: rng.below(FILLER.len()) as u8 },
-                    }
-                })
-                .collect();
-            // Questions whose answers are tens, not zero or one: guessing small scores little.
-            let question = match rng.below(3) {
-                0 => Question { who: Some(rng.below(config.speakers) as u8), verb: Verb::Rolls, what: None },
-                1 => Question { who: None, verb: Verb::Casts, what: Some(rng.below(config.spells) as u8) },
-                _ => Question { who: None, verb: Verb::Rolls, what: Some(rng.below(10) as u8) },
+            let (lines, question) = if config.balanced_counts {
+                let question = draw_question(config, &mut rng);
+                (balanced_lines(config, &question, len, &mut rng), question)
+            } else {
+                let lines: Vec<Line> = (0..len).map(|_| draw_line(config, &mut rng)).collect();
+                (lines, draw_question(config, &mut rng))
             };
             let id = format!("doc-{}{i}", if validation { "v" } else { "t" });
             DocTask { id, lines, question, validation }
         })
         .collect()
+}
+
+fn draw_line(config: &DocConfig, rng: &mut Rng) -> Line {
+    let speaker = rng.below(config.speakers) as u8;
+    match rng.below(10) {
+        0..4 => Line::Roll { speaker, value: rng.below(10) as u8 },
+        4..7 => Line::Cast { speaker, spell: rng.below(config.spells) as u8 },
+        _ => Line::Say { speaker, word: rng.below(FILLER.len()) as u8 },
+    }
+}
+
+/// Questions whose answers are tens, not zero or one: guessing small scores little.
+fn draw_question(config: &DocConfig, rng: &mut Rng) -> Question {
+    match rng.below(3) {
+        0 => Question { who: Some(rng.below(config.speakers) as u8), verb: Verb::Rolls, what: None },
+        1 => Question { who: None, verb: Verb::Casts, what: Some(rng.below(config.spells) as u8) },
+        _ => Question { who: None, verb: Verb::Rolls, what: Some(rng.below(10) as u8) },
+    }
+}
+
+/// `len` lines of which exactly k (uniform in 0..=min(len, 10)) match `q`, at random places.
+fn balanced_lines(config: &DocConfig, q: &Question, len: usize, rng: &mut Rng) -> Vec<Line> {
+    let k = rng.below(len.min(10) + 1);
+    let mut lines: Vec<Line> = (0..len)
+        .map(|_| loop {
+            let l = draw_line(config, rng);
+            if !q.matches(&l) {
+                break l;
+            }
+        })
+        .collect();
+    let mut places: Vec<usize> = (0..len).collect();
+    rng.shuffle(&mut places);
+    for &at in &places[..k] {
+        let speaker = q.who.unwrap_or_else(|| rng.below(config.speakers) as u8);
+        lines[at] = match q.verb {
+            Verb::Rolls => Line::Roll { speaker, value: q.what.unwrap_or_else(|| rng.below(10) as u8) },
+            Verb::Casts => Line::Cast { speaker, spell: q.what.expect("cast questions name a spell") },
+        };
+    }
+    lines
 }
 
 /// The numeric score of an answer: 0.75^|error|.
@@ -288,6 +328,10 @@ impl Episode for LongDocEpisode {
                 for l in &self.task.lines[s as usize..(s + c) as usize] {
                     obs.extend(lang.line(l));
                 }
+                // The question again, right before the reader answers: what to count sits next
+                // to the lines (a small model counts "lines like the last three tokens" far more
+                // easily than it recalls a question from the top of its context).
+                obs.extend(&goal[1..1 + QUESTION_TOKENS]);
                 StepOutput::observe(obs)
             }
             Some(Action::Split(k)) => {
@@ -412,9 +456,10 @@ pub fn expert_action(lang: &Lang, cfg: &DocExpertConfig, ctx: &[Tok], window: us
     for (a, obs) in &node.turns {
         if let (Some(Action::Read { start: s, count: c }), Some((&OBS, body))) = (lang.parse(a), obs.split_first()) {
             // Only reads that continue where the last one stopped count (noise reads do not).
-            if s == next && body.len() == c as usize * LINE_TOKENS {
+            if s == next && body.len() == c as usize * LINE_TOKENS + QUESTION_TOKENS {
                 seen += c;
-                matched += body.chunks(LINE_TOKENS).filter_map(|l| lang.parse_line(l)).filter(|l| q.matches(l)).count() as u64;
+                matched += body[..c as usize * LINE_TOKENS]
+                    .chunks(LINE_TOKENS).filter_map(|l| lang.parse_line(l)).filter(|l| q.matches(l)).count() as u64;
                 next = s + c;
             }
         }
@@ -426,7 +471,7 @@ pub fn expert_action(lang: &Lang, cfg: &DocExpertConfig, ctx: &[Tok], window: us
     // Room for the next read: its action, its observation and the final answer.
     let used = ctx.len();
     let answer_cost = 1 + WIDTH + 1;
-    let read_cost = 1 + 2 * WIDTH + 1 + 1;
+    let read_cost = 1 + 2 * WIDTH + 1 + 1 + QUESTION_TOKENS;
     let fits = window.saturating_sub(used + answer_cost + read_cost) / LINE_TOKENS;
     if node.turns.is_empty() && count as usize > fits && node.recursive && node.depth < cfg.max_depth && rng.chance(cfg.delegate) {
         let k = count.div_ceil(fits.max(1) as u64).clamp(2, cfg.max_children).min(count);

@@ -12,7 +12,7 @@ use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::rollout::{ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, make_policy, rollout_trees, rollout_trees_one_task_at_a_time};
+use crate::rollout::{ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, make_policy, rollout_trees, run_batch, tree_specs};
 use crate::envs;
 use crate::training::write_trees;
 use crate::update::HISTORY_FILE;
@@ -154,7 +154,13 @@ impl TypedStage for Evaluate {
                 let mode_name = if mode == Mode::Recursive { "recursive" } else { "flat" };
                 let (limits, policy) = (p.limits.limits(mode), policy.clone());
                 let trees = if p.latency {
-                    rollout_trees_one_task_at_a_time(set.as_ref(), &all, policy, mode, p.group_size, limits, Default::default(), ctx.seed).await
+                    // One task's trees at a time, each with the seeds it has in the whole set.
+                    let mut trees = Vec::new();
+                    for (position, &t) in all.iter().enumerate() {
+                        let specs = tree_specs(set.as_ref(), std::iter::once((position, t)), mode, p.group_size, ctx.seed);
+                        trees.extend(run_batch(policy.clone(), specs, limits, Default::default()).await);
+                    }
+                    trees
                 } else {
                     rollout_trees(set.as_ref(), &all, policy, mode, p.group_size, limits, Default::default(), ctx.seed).await
                 };

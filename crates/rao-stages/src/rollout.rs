@@ -181,28 +181,9 @@ pub async fn rollout_trees(
     run_batch(policy, specs, limits, meta).await
 }
 
-/// The same trees (same seeds), but one task's trees at a time: each task's wall clock is then
-/// its latency alone — its own nodes share each batched forward pass, nobody else's do.
-pub async fn rollout_trees_one_task_at_a_time(
-    set: &dyn TaskSet,
-    tasks: &[usize],
-    policy: Arc<dyn Policy>,
-    mode: Mode,
-    group: usize,
-    limits: Limits,
-    meta: RunMeta,
-    seed: u64,
-) -> Vec<Vec<NodeRecord>> {
-    let mut out = Vec::new();
-    for (ti, &t) in tasks.iter().enumerate() {
-        let specs = tree_specs(set, std::iter::once((ti, t)), mode, group, seed);
-        out.extend(run_batch(policy.clone(), specs, limits, meta.clone()).await);
-    }
-    out
-}
-
-/// `group` trees per (position, task index); a tree's seed depends on its task's position.
-fn tree_specs(set: &dyn TaskSet, tasks: impl Iterator<Item = (usize, usize)>, mode: Mode, group: usize, seed: u64) -> Vec<TreeSpec> {
+/// `group` trees per (position, task index); a tree's seed depends on its task's position, so
+/// running a subset with the positions it has in the whole set gives the same trees' seeds.
+pub fn tree_specs(set: &dyn TaskSet, tasks: impl Iterator<Item = (usize, usize)>, mode: Mode, group: usize, seed: u64) -> Vec<TreeSpec> {
     let mut trees = Vec::new();
     for (ti, t) in tasks {
         for g in 0..group {
@@ -218,7 +199,8 @@ fn tree_specs(set: &dyn TaskSet, tasks: impl Iterator<Item = (usize, usize)>, mo
     trees
 }
 
-async fn run_batch(policy: Arc<dyn Policy>, trees: Vec<TreeSpec>, limits: Limits, meta: RunMeta) -> Vec<Vec<NodeRecord>> {
+/// Run trees through one batcher of their own (its forward passes serve only these trees).
+pub async fn run_batch(policy: Arc<dyn Policy>, trees: Vec<TreeSpec>, limits: Limits, meta: RunMeta) -> Vec<Vec<NodeRecord>> {
     let batcher = Batcher::start(policy);
     let out = run_trees(&batcher, trees, limits, meta).await;
     batcher.close();
