@@ -35,6 +35,11 @@ pub async fn load_policy(ctx: &StageContext, input: &str, backend: Backend) -> a
     Policy::from_checkpoint(&read_checkpoint(ctx, &a).await?, backend)
 }
 
+/// The sampler's view of a runtime request (a node's mode is the second token of its context).
+fn sample_request(r: Request, rec: Tok) -> SampleRequest {
+    SampleRequest { recursive: r.context.get(1) == Some(&rec), context: r.context, max_new_tokens: r.max_new_tokens, seed: r.seed }
+}
+
 /// Serves a round's batch with one batched, constrained, KV-cached sampling pass.
 pub struct NeuralPolicy {
     pub policy: Arc<Policy>,
@@ -52,16 +57,7 @@ impl NeuralPolicy {
 
 impl RuntimePolicy for NeuralPolicy {
     fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
-        let rec = self.rec;
-        let reqs: Vec<SampleRequest> = batch
-            .into_iter()
-            .map(|r| SampleRequest {
-                recursive: r.context.get(1) == Some(&rec),
-                context: r.context,
-                max_new_tokens: r.max_new_tokens,
-                seed: r.seed,
-            })
-            .collect();
+        let reqs: Vec<SampleRequest> = batch.into_iter().map(|r| sample_request(r, self.rec)).collect();
         let (policy, grammar, temperature) = (self.policy.clone(), self.grammar.clone(), self.temperature);
         Box::pin(async move {
             let out =
@@ -86,11 +82,7 @@ pub struct PacedExpert {
 
 impl RuntimePolicy for PacedExpert {
     fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
-        let rec = self.rec;
-        let reqs: Vec<SampleRequest> = batch
-            .iter()
-            .map(|r| SampleRequest { recursive: r.context.get(1) == Some(&rec), context: r.context.clone(), max_new_tokens: r.max_new_tokens, seed: r.seed })
-            .collect();
+        let reqs: Vec<SampleRequest> = batch.iter().map(|r| sample_request(r.clone(), self.rec)).collect();
         Box::pin(async move {
             let actions: Vec<Vec<Tok>> = self.expert.act(batch).await.into_iter().map(|r| r.tokens).collect();
             let model = self.model.clone();
