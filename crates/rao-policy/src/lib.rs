@@ -2,6 +2,7 @@
 //! batched constrained sampling with a KV cache, RL losses, AdamW with global clipping,
 //! and deterministic checkpoints. The only crate that depends on Burn.
 
+pub mod kernels;
 pub mod model;
 pub mod params;
 pub mod policy;

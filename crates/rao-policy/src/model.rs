@@ -3,7 +3,9 @@
 
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig, SwiGlu, SwiGluConfig};
-use burn::tensor::activation::{silu, softmax};
+use burn::tensor::activation::softmax;
+
+use crate::kernels::{self, Projections};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
@@ -150,27 +152,29 @@ impl Block {
         let [n, d] = x.dims();
         let (t, h) = (n / b, self.n_heads);
         let dh = d / h;
-        let hx = self.norm_attn.forward(x.clone());
+        let hx = kernels::rms_norm(&self.norm_attn, x.clone());
         let mm = |w: &Tensor<2>| hx.clone().matmul(w.clone());
-        // Rotate-half rotary positions: x·cos + (x·R)·sin.
-        let q = mm(&fused.q) * cos.clone() + mm(&fused.q_rot) * sin.clone();
-        let k = mm(&fused.k) * cos.clone() + mm(&fused.k_rot) * sin.clone();
-        let v = mm(&self.wv.weight.val());
-        let heads = |y: Tensor<2>| y.reshape([b, t, h, dh]).swap_dims(1, 2);
-        let (q, mut k, mut v) = (heads(q), heads(k), heads(v));
-        if let Some(slot) = cache {
-            if let Some((pk, pv)) = slot.take() {
-                k = Tensor::cat(vec![pk, k], 2);
-                v = Tensor::cat(vec![pv, v], 2);
+        let p = Projections { qa: mm(&fused.q), qb: mm(&fused.q_rot), ka: mm(&fused.k), kb: mm(&fused.k_rot), v: mm(&self.wv.weight.val()) };
+        let merged = match cache {
+            None => kernels::rope_attention(p, (cos, sin), bias, b, h),
+            Some(slot) => {
+                // Rotate-half rotary positions: x·cos + (x·R)·sin.
+                let q = p.qa * cos.clone() + p.qb * sin.clone();
+                let k = p.ka * cos.clone() + p.kb * sin.clone();
+                let heads = |y: Tensor<2>| y.reshape([b, t, h, dh]).swap_dims(1, 2);
+                let (q, mut k, mut v) = (heads(q), heads(k), heads(p.v));
+                if let Some((pk, pv)) = slot.take() {
+                    k = Tensor::cat(vec![pk, k], 2);
+                    v = Tensor::cat(vec![pv, v], 2);
+                }
+                *slot = Some((k.clone(), v.clone()));
+                let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
+                softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([n, d])
             }
-            *slot = Some((k.clone(), v.clone()));
-        }
-        let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
-        let attn = softmax(scores, 3).matmul(v);
-        let merged = attn.swap_dims(1, 2).reshape([n, d]);
+        };
         let x = x + merged.matmul(self.wo.weight.val());
-        let hm = self.norm_mlp.forward(x.clone());
-        let gated = silu(hm.clone().matmul(self.mlp.linear_inner.weight.val())) * hm.matmul(self.mlp.linear_outer.weight.val());
+        let hm = kernels::rms_norm(&self.norm_mlp, x.clone());
+        let gated = kernels::swiglu(hm.clone().matmul(self.mlp.linear_inner.weight.val()), hm.matmul(self.mlp.linear_outer.weight.val()));
         x + gated.matmul(self.down.weight.val())
     }
 }
@@ -247,7 +251,7 @@ impl Transformer {
         // Tied embeddings: logits = h · Eᵀ.
         let w = self.embed.weight.val();
         let vocab = w.dims()[0];
-        self.norm.forward(x).matmul(w.transpose()).reshape([b, t, vocab])
+        kernels::rms_norm(&self.norm, x).matmul(w.transpose()).reshape([b, t, vocab])
     }
 
     pub fn num_params(&self) -> usize {

@@ -5,7 +5,6 @@
 use burn::module::Module;
 use burn::store::ModuleRecord;
 use burn::tensor::Bytes;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use rao_envs::grammar::Grammar;
 use rao_envs::rng::Rng;
@@ -331,6 +330,7 @@ impl Policy {
         Batch {
             prev: Tensor::<2, Int>::from_data(TensorData::new(previous_tokens(&inputs, b, t), [b, t]), dev),
             inputs: Tensor::<2, Int>::from_data(TensorData::new(inputs, [b, t]), dev),
+            target_ids: targets.iter().map(|&x| x as usize).collect(),
             targets: Tensor::<2, Int>::from_data(TensorData::new(targets, [b, t]), dev),
             mask: f2(mask),
             old: f2(old),
@@ -343,8 +343,8 @@ impl Policy {
 
     /// Log-probs `[B, T]` of each target token under the masked, tempered distribution.
     fn token_logprobs(model: &Transformer, batch: &Batch, temperature: f64) -> Tensor<2> {
-        let logits = model.forward(batch.inputs.clone(), batch.prev.clone(), &batch.positions, batch.attn.clone(), None) / temperature + batch.grammar.clone();
-        log_softmax(logits, 2).gather(2, batch.targets.clone().unsqueeze_dim::<3>(2)).squeeze_dim::<2>(2)
+        let logits = model.forward(batch.inputs.clone(), batch.prev.clone(), &batch.positions, batch.attn.clone(), None);
+        crate::kernels::token_logprobs(logits, batch.grammar.clone(), &batch.targets, &batch.target_ids, temperature)
     }
 
     /// Current log-probs of the generated tokens of each sequence (no gradient).
@@ -410,6 +410,8 @@ struct Batch {
     inputs: Tensor<2, Int>,
     prev: Tensor<2, Int>,
     targets: Tensor<2, Int>,
+    /// `targets`, row-major, for the fused log-prob kernel.
+    target_ids: Vec<usize>,
     mask: Tensor<2>,
     old: Tensor<2>,
     adv: Tensor<2>,

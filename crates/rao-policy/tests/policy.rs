@@ -165,6 +165,35 @@ fn cispo_gradient_matches_finite_differences_of_its_surrogate() {
 }
 
 #[test]
+fn fused_kernels_give_the_decomposed_ops_loss_and_gradients() {
+    let (world, grammar, policy) = setup_with(true);
+    let reqs = requests(&world);
+    let outs = policy.sample(&reqs, &grammar, 0.8);
+    let mut seqs = as_sequences(&reqs, &outs, 0.7);
+    for (k, s) in seqs.iter_mut().enumerate() {
+        s.advantage = if k % 2 == 0 { 0.7 } else { -1.1 };
+    }
+    let run = |fused: bool| {
+        rao_policy::kernels::set_enabled(fused);
+        let (loss, _) = policy.loss(&seqs, &grammar, Loss::Cispo { lo: 0.0, hi: 5.0 }, 0.8);
+        let value = loss.clone().into_scalar::<f32>();
+        let grads = read_grads(&policy.model, &loss.backward());
+        rao_policy::kernels::set_enabled(true);
+        (value, grads)
+    };
+    let (fused_loss, fused) = run(true);
+    let (plain_loss, plain) = run(false);
+    assert!((fused_loss - plain_loss).abs() <= 1e-5 * plain_loss.abs().max(1.0), "loss {fused_loss} vs {plain_loss}");
+    assert_eq!(fused.len(), plain.len());
+    for (k, (f, p)) in fused.iter().zip(&plain).enumerate() {
+        let norm = p.iter().map(|x| x * x).sum::<f32>().sqrt();
+        let diff = f.iter().zip(p).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt();
+        assert!(norm > 0.0, "parameter {k} got no gradient");
+        assert!(diff <= 1e-4 * norm, "parameter {k}: gradients differ by {diff} (norm {norm})");
+    }
+}
+
+#[test]
 fn training_is_deterministic_and_checkpoints_round_trip() {
     let run = || {
         let (world, grammar, mut policy) = setup();

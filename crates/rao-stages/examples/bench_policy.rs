@@ -61,17 +61,25 @@ fn main() {
         })
         .collect();
     let loss = Loss::Cispo { lo: 0.0, hi: 5.0 };
-    policy.train_step(&seqs, &grammar, loss, 1e-4, 1.0); // warm-up
-    let t0 = Instant::now();
-    let steps = 10;
-    for _ in 0..steps {
-        policy.train_step(&seqs, &grammar, loss, 1e-4, 1.0);
-    }
-    let per_step = t0.elapsed().as_secs_f64() / steps as f64;
     let tokens = 64.0 * 63.0;
     // Forward ≈ 2·params·tokens + attention 4·L·T²·d per sequence; backward ≈ 2× forward.
     let flops = 3.0 * (2.0 * policy.model.num_params() as f64 * tokens + 4.0 * layers as f64 * 64.0 * 63.0 * 63.0 * d as f64);
-    println!("update    64×64 tokens: {:.1} ms/step, {:.0} tokens/s, {:.2} GFLOP/s", per_step * 1e3, tokens / per_step, flops / per_step / 1e9);
+    // The same step through Burn's decomposed ops first, then through rao's fused kernels.
+    let mut per_step = 0.0;
+    for fused in [false, true] {
+        rao_policy::kernels::set_enabled(fused);
+        policy.train_step(&seqs, &grammar, loss, 1e-4, 1.0); // warm-up
+        let t0 = Instant::now();
+        let steps = 10;
+        for _ in 0..steps {
+            policy.train_step(&seqs, &grammar, loss, 1e-4, 1.0);
+        }
+        let secs = t0.elapsed().as_secs_f64() / steps as f64;
+        let label = if fused { "update   " } else { "decomposed" };
+        let vs = if fused { format!("; {:.2}× the decomposed ops", per_step / secs) } else { String::new() };
+        println!("{label} 64×64 tokens: {:.1} ms/step, {:.0} tokens/s, {:.2} GFLOP/s{vs}", secs * 1e3, tokens / secs, flops / secs / 1e9);
+        per_step = secs;
+    }
 
     // Matmul peak on this machine (Burn, same backend).
     let dev = burn::tensor::Device::flex();

@@ -1,0 +1,241 @@
+//! The fused kernels as a Burn backend extension: implemented for the Flex CPU backend and, with
+//! handwritten backward passes, for autodiff over Flex. Other backends (wgpu) never call these:
+//! the wrappers in [`super`] send them to the decomposed ops instead.
+
+use std::sync::Arc;
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Backend, Flex, Shape, TensorData, TensorMetadata, backend_extension};
+
+use super::attention::{self, Dims};
+use super::pointwise;
+
+#[backend_extension(Flex, Autodiff)]
+pub trait FusedOps: Backend {
+    /// See [`attention::forward`]; `bias: [B, T, T]`, the rest `[B·T, D]`.
+    fn rope_attention(
+        qa: FloatTensor<Self>,
+        qb: FloatTensor<Self>,
+        ka: FloatTensor<Self>,
+        kb: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        heads: usize,
+    ) -> FloatTensor<Self>;
+    /// `silu(a)·b`.
+    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// RMSNorm of the rows of `x: [N, D]` with gain `gamma: [D]`.
+    fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f32) -> FloatTensor<Self>;
+    /// `[N]` log-probabilities of `targets` under `softmax(logits·scale + mask)`, rows `[N, V]`.
+    fn token_logprobs(logits: FloatTensor<Self>, mask: FloatTensor<Self>, targets: Vec<usize>, scale: f32) -> FloatTensor<Self>;
+}
+
+/// A contiguous f32 view (copies only a strided or offset tensor).
+fn contiguous(t: FlexTensor) -> FlexTensor {
+    if t.as_slice::<f32>().is_some() { t } else { t.to_contiguous() }
+}
+
+fn values(t: &FlexTensor) -> &[f32] {
+    t.as_slice::<f32>().expect("fused kernels take contiguous f32 tensors")
+}
+
+fn tensor(v: Vec<f32>, shape: Shape) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(v, shape))
+}
+
+/// The attention inputs, made contiguous, in [`attention::Inputs`] order.
+#[derive(Clone)]
+struct AttentionArgs {
+    tensors: [FlexTensor; 8],
+    dims: Dims,
+}
+
+impl AttentionArgs {
+    fn new(t: [FlexTensor; 8], heads: usize) -> Self {
+        let tensors = t.map(contiguous);
+        let [rows, d] = tensors[0].shape().dims::<2>();
+        let [batch, t, _] = tensors[7].shape().dims::<3>();
+        assert_eq!(batch * t, rows, "attention bias must be [B, T, T] for [B·T, D] rows");
+        AttentionArgs { tensors, dims: Dims { batch, t, heads, dh: d / heads } }
+    }
+
+    fn inputs(&self) -> attention::Inputs<'_> {
+        let [qa, qb, ka, kb, v, cos, sin, bias] = self.tensors.each_ref().map(values);
+        attention::Inputs { qa, qb, ka, kb, v, cos, sin, bias }
+    }
+
+    fn shape(&self) -> Shape {
+        self.tensors[0].shape()
+    }
+}
+
+impl FusedOps for Flex {
+    fn rope_attention(
+        qa: FlexTensor,
+        qb: FlexTensor,
+        ka: FlexTensor,
+        kb: FlexTensor,
+        v: FlexTensor,
+        cos: FlexTensor,
+        sin: FlexTensor,
+        bias: FlexTensor,
+        heads: usize,
+    ) -> FlexTensor {
+        let args = AttentionArgs::new([qa, qb, ka, kb, v, cos, sin, bias], heads);
+        tensor(attention::forward(&args.inputs(), args.dims).out, args.shape())
+    }
+
+    fn swiglu(a: FlexTensor, b: FlexTensor) -> FlexTensor {
+        let (a, b) = (contiguous(a), contiguous(b));
+        tensor(pointwise::swiglu_forward(values(&a), values(&b)), a.shape())
+    }
+
+    fn rms_norm(x: FlexTensor, gamma: FlexTensor, eps: f32) -> FlexTensor {
+        let (x, gamma) = (contiguous(x), contiguous(gamma));
+        tensor(pointwise::rms_norm_forward(values(&x), values(&gamma), eps).0, x.shape())
+    }
+
+    fn token_logprobs(logits: FlexTensor, mask: FlexTensor, targets: Vec<usize>, scale: f32) -> FlexTensor {
+        let (logits, mask) = (contiguous(logits), contiguous(mask));
+        let n = targets.len();
+        tensor(pointwise::token_logprob_forward(values(&logits), values(&mask), &targets, scale).0, Shape::from(vec![n]))
+    }
+}
+
+/// Backward state: what the forward pass computed or read, behind an `Arc` (the autodiff graph
+/// clones states).
+struct Saved<T>(Arc<T>);
+
+impl<T> Clone for Saved<T> {
+    fn clone(&self) -> Self {
+        Saved(Arc::clone(&self.0))
+    }
+}
+
+impl<T> std::fmt::Debug for Saved<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Saved")
+    }
+}
+
+impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
+    fn rope_attention(
+        qa: FloatTensor<Self>,
+        qb: FloatTensor<Self>,
+        ka: FloatTensor<Self>,
+        kb: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        heads: usize,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct RopeAttention;
+        impl Backward<Flex, 5> for RopeAttention {
+            type State = Saved<(AttentionArgs, attention::Saved)>;
+            fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+                let (args, saved) = &*ops.state.0;
+                let g = contiguous(grads.consume::<Flex>(&ops.node));
+                let d = attention::backward(&args.inputs(), saved, values(&g), args.dims);
+                for (parent, grad) in ops.parents.into_iter().zip([d.qa, d.qb, d.ka, d.kb, d.v]) {
+                    if let Some(node) = parent {
+                        grads.register::<Flex>(node.id, tensor(grad, args.shape()));
+                    }
+                }
+            }
+        }
+        // cos, sin and bias are constants (rotary tables, mask): no gradient flows to them.
+        let prims = [&qa, &qb, &ka, &kb, &v, &cos, &sin, &bias].map(|t| t.primitive().clone());
+        let args = AttentionArgs::new(prims, heads);
+        let saved = attention::forward(&args.inputs(), args.dims);
+        let out = tensor(saved.out.clone(), args.shape());
+        match RopeAttention.prepare::<C>([qa.node(), qb.node(), ka.node(), kb.node(), v.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((args, saved))), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct Swiglu;
+        impl Backward<Flex, 2> for Swiglu {
+            type State = Saved<(FlexTensor, FlexTensor)>;
+            fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+                let (a, b) = &*ops.state.0;
+                let g = contiguous(grads.consume::<Flex>(&ops.node));
+                let (da, db) = pointwise::swiglu_backward(values(a), values(b), values(&g));
+                for (parent, grad) in ops.parents.into_iter().zip([da, db]) {
+                    if let Some(node) = parent {
+                        grads.register::<Flex>(node.id, tensor(grad, a.shape()));
+                    }
+                }
+            }
+        }
+        let (pa, pb) = (contiguous(a.primitive().clone()), contiguous(b.primitive().clone()));
+        let out = tensor(pointwise::swiglu_forward(values(&pa), values(&pb)), pa.shape());
+        match Swiglu.prepare::<C>([a.node(), b.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((pa, pb))), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f32) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct RmsNorm;
+        impl Backward<Flex, 2> for RmsNorm {
+            type State = Saved<(FlexTensor, FlexTensor, Vec<f32>)>;
+            fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+                let (x, gamma, inv) = &*ops.state.0;
+                let g = contiguous(grads.consume::<Flex>(&ops.node));
+                let (dx, dgamma) = pointwise::rms_norm_backward(values(x), values(gamma), inv, values(&g));
+                let [px, pg] = ops.parents;
+                if let Some(node) = px {
+                    grads.register::<Flex>(node.id, tensor(dx, x.shape()));
+                }
+                if let Some(node) = pg {
+                    grads.register::<Flex>(node.id, tensor(dgamma, gamma.shape()));
+                }
+            }
+        }
+        let (px, pg) = (contiguous(x.primitive().clone()), contiguous(gamma.primitive().clone()));
+        let (y, inv) = pointwise::rms_norm_forward(values(&px), values(&pg), eps);
+        let out = tensor(y, px.shape());
+        match RmsNorm.prepare::<C>([x.node(), gamma.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((px, pg, inv))), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    fn token_logprobs(logits: FloatTensor<Self>, mask: FloatTensor<Self>, targets: Vec<usize>, scale: f32) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct TokenLogprobs;
+        impl Backward<Flex, 1> for TokenLogprobs {
+            type State = Saved<(Vec<f32>, Vec<usize>, Shape, f32)>;
+            fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+                let (probs, targets, shape, scale) = &*ops.state.0;
+                let g = contiguous(grads.consume::<Flex>(&ops.node));
+                let [parent] = ops.parents;
+                if let Some(node) = parent {
+                    let dz = pointwise::token_logprob_backward(probs, targets, values(&g), *scale);
+                    grads.register::<Flex>(node.id, tensor(dz, shape.clone()));
+                }
+            }
+        }
+        // The mask is a constant (the grammar): no gradient flows to it.
+        let (pz, pm) = (contiguous(logits.primitive().clone()), contiguous(mask.primitive().clone()));
+        let (lp, probs) = pointwise::token_logprob_forward(values(&pz), values(&pm), &targets, scale);
+        let out = tensor(lp, Shape::from(vec![targets.len()]));
+        match TokenLogprobs.prepare::<C>([logits.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((probs, targets, pz.shape(), scale))), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+}

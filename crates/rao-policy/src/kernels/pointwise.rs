@@ -1,0 +1,176 @@
+//! Row-wise kernels with their backward passes, each one pass over memory where Burn's decomposed
+//! ops made five to ten: SwiGLU's gate, RMSNorm, and the log-probability of target tokens under
+//! the grammar-masked, tempered softmax.
+
+use rayon::prelude::*;
+
+use super::simd::{exp, sigmoid, simd_fn};
+
+/// Rows per parallel task: large enough that the hand-off costs little next to the work.
+const CHUNK_ROWS: usize = 64;
+
+/// `silu(a)·b` (element-wise).
+pub fn swiglu_forward(a: &[f32], b: &[f32]) -> Vec<f32> {
+    let mut out = vec![0.0; a.len()];
+    let chunk = chunk_len(a.len());
+    (out.par_chunks_mut(chunk), a.par_chunks(chunk), b.par_chunks(chunk)).into_par_iter().for_each(|(o, a, b)| swiglu_rows(o, a, b));
+    out
+}
+
+simd_fn! {
+    fn swiglu_rows(o: &mut [f32], a: &[f32], b: &[f32]) {
+        for i in 0..o.len() {
+            o[i] = a[i] * sigmoid(a[i]) * b[i];
+        }
+    }
+}
+
+/// Gradients of `silu(a)·b` with respect to `a` and `b`.
+pub fn swiglu_backward(a: &[f32], b: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let mut da = vec![0.0; a.len()];
+    let mut db = vec![0.0; a.len()];
+    let chunk = chunk_len(a.len());
+    (da.par_chunks_mut(chunk), db.par_chunks_mut(chunk), a.par_chunks(chunk), b.par_chunks(chunk), g.par_chunks(chunk))
+        .into_par_iter()
+        .for_each(|(da, db, a, b, g)| swiglu_grad_rows(da, db, a, b, g));
+    (da, db)
+}
+
+simd_fn! {
+    fn swiglu_grad_rows(da: &mut [f32], db: &mut [f32], a: &[f32], b: &[f32], g: &[f32]) {
+        for i in 0..g.len() {
+            let s = sigmoid(a[i]);
+            let silu = a[i] * s;
+            db[i] = g[i] * silu;
+            // d silu / da = s·(1 + a·(1 − s)).
+            da[i] = g[i] * b[i] * s * (1.0 + a[i] * (1.0 - s));
+        }
+    }
+}
+
+fn chunk_len(n: usize) -> usize {
+    n.div_ceil(rayon::current_num_threads() * 4).max(4096)
+}
+
+/// RMSNorm over rows of `d`: `y = x / sqrt(mean(x²) + eps) · gamma`; also returns each row's
+/// `1 / sqrt(mean(x²) + eps)` for the backward pass.
+pub fn rms_norm_forward(x: &[f32], gamma: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
+    let d = gamma.len();
+    let rows = x.len() / d;
+    let mut y = vec![0.0; x.len()];
+    let mut inv = vec![0.0; rows];
+    (y.par_chunks_mut(CHUNK_ROWS * d), inv.par_chunks_mut(CHUNK_ROWS), x.par_chunks(CHUNK_ROWS * d))
+        .into_par_iter()
+        .for_each(|(y, inv, x)| rms_norm_rows(y, inv, x, gamma, eps));
+    (y, inv)
+}
+
+simd_fn! {
+    fn rms_norm_rows(y: &mut [f32], inv: &mut [f32], x: &[f32], gamma: &[f32], eps: f32) {
+        let d = gamma.len();
+        for (r, inv) in inv.iter_mut().enumerate() {
+            let xr = &x[r * d..(r + 1) * d];
+            let ms = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            *inv = 1.0 / (ms + eps).sqrt();
+            let yr = &mut y[r * d..(r + 1) * d];
+            for j in 0..d {
+                yr[j] = xr[j] * *inv * gamma[j];
+            }
+        }
+    }
+}
+
+/// Gradients of RMSNorm: `dx` and `dgamma`. `dgamma` sums fixed chunks of rows, then the chunks
+/// in order, so the result does not depend on the thread count.
+pub fn rms_norm_backward(x: &[f32], gamma: &[f32], inv: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let d = gamma.len();
+    let mut dx = vec![0.0; x.len()];
+    let partial: Vec<Vec<f32>> = (dx.par_chunks_mut(CHUNK_ROWS * d), x.par_chunks(CHUNK_ROWS * d), g.par_chunks(CHUNK_ROWS * d), inv.par_chunks(CHUNK_ROWS))
+        .into_par_iter()
+        .map(|(dx, x, g, inv)| {
+            let mut dgamma = vec![0.0; d];
+            rms_norm_grad_rows(dx, &mut dgamma, x, g, inv, gamma);
+            dgamma
+        })
+        .collect();
+    let mut dgamma = vec![0.0; d];
+    for p in &partial {
+        for (s, v) in dgamma.iter_mut().zip(p) {
+            *s += v;
+        }
+    }
+    (dx, dgamma)
+}
+
+simd_fn! {
+    fn rms_norm_grad_rows(dx: &mut [f32], dgamma: &mut [f32], x: &[f32], g: &[f32], inv: &[f32], gamma: &[f32]) {
+        let d = gamma.len();
+        for (r, &inv) in inv.iter().enumerate() {
+            let (xr, gr) = (&x[r * d..(r + 1) * d], &g[r * d..(r + 1) * d]);
+            // With x̂ = x·inv and u = g·gamma: dx = inv·(u − x̂·mean(u·x̂)).
+            let mut dot = 0.0;
+            for j in 0..d {
+                dot += gr[j] * gamma[j] * xr[j] * inv;
+                dgamma[j] += gr[j] * xr[j] * inv;
+            }
+            let m = dot / d as f32;
+            let dxr = &mut dx[r * d..(r + 1) * d];
+            for j in 0..d {
+                dxr[j] = inv * (gr[j] * gamma[j] - xr[j] * inv * m);
+            }
+        }
+    }
+}
+
+/// Log-probability of `targets[n]` under `softmax(logits[n]·scale + mask[n])`, rows of `v`; also
+/// returns the softmax rows for the backward pass.
+pub fn token_logprob_forward(logits: &[f32], mask: &[f32], targets: &[usize], scale: f32) -> (Vec<f32>, Vec<f32>) {
+    let v = logits.len() / targets.len();
+    let mut probs = vec![0.0; logits.len()];
+    let mut lp = vec![0.0; targets.len()];
+    (probs.par_chunks_mut(CHUNK_ROWS * v), lp.par_chunks_mut(CHUNK_ROWS), logits.par_chunks(CHUNK_ROWS * v), mask.par_chunks(CHUNK_ROWS * v), targets.par_chunks(CHUNK_ROWS))
+        .into_par_iter()
+        .for_each(|(p, lp, z, m, tg)| logprob_rows(p, lp, z, m, tg, scale, v));
+    (lp, probs)
+}
+
+simd_fn! {
+    fn logprob_rows(p: &mut [f32], lp: &mut [f32], z: &[f32], m: &[f32], targets: &[usize], scale: f32, v: usize) {
+        for (r, &target) in targets.iter().enumerate() {
+            let pr = &mut p[r * v..(r + 1) * v];
+            let (zr, mr) = (&z[r * v..(r + 1) * v], &m[r * v..(r + 1) * v]);
+            for j in 0..v {
+                pr[j] = zr[j] * scale + mr[j];
+            }
+            let max = pr.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let mut sum = 0.0;
+            for x in pr.iter_mut() {
+                *x = exp(*x - max);
+                sum += *x;
+            }
+            lp[r] = zr[target] * scale + mr[target] - max - sum.ln();
+            let inv = 1.0 / sum;
+            for x in pr.iter_mut() {
+                *x *= inv;
+            }
+        }
+    }
+}
+
+/// Gradient of the log-probabilities with respect to the logits: `g·scale·(onehot − p)`.
+pub fn token_logprob_backward(probs: &[f32], targets: &[usize], g: &[f32], scale: f32) -> Vec<f32> {
+    let v = probs.len() / targets.len();
+    let mut dz = vec![0.0; probs.len()];
+    (dz.par_chunks_mut(CHUNK_ROWS * v), probs.par_chunks(CHUNK_ROWS * v), targets.par_chunks(CHUNK_ROWS), g.par_chunks(CHUNK_ROWS))
+        .into_par_iter()
+        .for_each(|(dz, p, tg, g)| {
+            for (r, (&target, &gr)) in tg.iter().zip(g).enumerate() {
+                let w = gr * scale;
+                for (o, &pj) in dz[r * v..(r + 1) * v].iter_mut().zip(&p[r * v..(r + 1) * v]) {
+                    *o = -w * pj;
+                }
+                dz[r * v + target] += w;
+            }
+        });
+    dz
+}
