@@ -5,7 +5,8 @@
 
 use rayon::prelude::*;
 
-use super::simd::{exp, simd_fn};
+use super::gemm::{View, matmul};
+use super::simd::{dot, exp_shifted, max, simd_fn};
 
 /// Shapes: `batch` sequences of `t` rows each, `heads` heads of `dh` columns (`D = heads·dh`),
 /// keys `s` per query (`s = t` here: no cache).
@@ -65,13 +66,36 @@ pub fn forward(x: &Inputs, dims: Dims) -> Saved {
         let r = b * t * d..(b + 1) * t * d;
         let bias = &x.bias[b * t * t..(b + 1) * t * t];
         let limits = key_limits(bias, t);
-        let mut kt = vec![0.0; dh * t];
+        let (q, k, v) = (&q[r.clone()], &k[r.clone()], &x.v[r]);
+        let head = View::rows(t, dh, d);
+        let square = View::rows(t, t, t);
         for h in 0..heads {
-            transpose_head(&k[r.clone()], &mut kt, t, d, h * dh, dh);
-            forward_head(&q[r.clone()], &kt, &x.v[r.clone()], bias, &limits, &mut p[h * t * t..(h + 1) * t * t], o, t, d, h * dh, dh);
+            let (c0, p) = (h * dh, &mut p[h * t * t..(h + 1) * t * t]);
+            matmul(p, square, false, &q[c0..], head, &k[c0..], head.t());
+            softmax_rows(p, bias, &limits, t);
+            matmul(&mut o[c0..], head, false, p, square, &v[c0..], head);
         }
     });
     Saved { q, k, probs, out }
+}
+
+simd_fn! {
+    /// Scores `[T, T]` → probabilities, adding the bias; keys past each row's limit get 0.
+    fn softmax_rows(p: &mut [f32], bias: &[f32], limits: &[usize], t: usize) {
+        for (i, &n) in limits.iter().enumerate() {
+            let row = &mut p[i * t..(i + 1) * t];
+            let (seen, unseen) = row.split_at_mut(n);
+            for (x, b) in seen.iter_mut().zip(&bias[i * t..i * t + n]) {
+                *x += b;
+            }
+            let m = max(seen);
+            let inv = 1.0 / exp_shifted(seen, m);
+            for x in seen.iter_mut() {
+                *x *= inv;
+            }
+            unseen.fill(0.0);
+        }
+    }
 }
 
 /// Gradients of the five projected inputs.
@@ -94,14 +118,18 @@ pub fn backward(x: &Inputs, saved: &Saved, grad_out: &[f32], dims: Dims) -> Grad
     (dq.par_chunks_mut(t * d), dk.par_chunks_mut(t * d), dv.par_chunks_mut(t * d)).into_par_iter().enumerate().for_each(|(b, (dq, dk, dv))| {
         let r = b * t * d..(b + 1) * t * d;
         let limits = key_limits(&x.bias[b * t * t..(b + 1) * t * t], t);
-        let mut vt = vec![0.0; dh * t];
-        let mut scratch = vec![0.0; t];
-        let mut dq_row = vec![0.0; dh];
+        let (q, k, v, out, go) = (&saved.q[r.clone()], &saved.k[r.clone()], &x.v[r.clone()], &saved.out[r.clone()], &grad_out[r]);
+        let head = View::rows(t, dh, d);
+        let square = View::rows(t, t, t);
+        let mut ds = vec![0.0; t * t];
         for h in 0..heads {
-            transpose_head(&x.v[r.clone()], &mut vt, t, d, h * dh, dh);
+            let c0 = h * dh;
             let p = &saved.probs[(b * heads + h) * t * t..(b * heads + h + 1) * t * t];
-            let head = HeadRef { q: &saved.q[r.clone()], k: &saved.k[r.clone()], out: &saved.out[r.clone()], grad_out: &grad_out[r.clone()], vt: &vt, p, limits: &limits };
-            backward_head(&head, dq, dk, dv, &mut scratch, &mut dq_row, t, d, h * dh, dh);
+            matmul(&mut ds, square, false, &go[c0..], head, &v[c0..], head.t());
+            softmax_grad_rows(&mut ds, p, &go[c0..], &out[c0..], &limits, t, d, dh);
+            matmul(&mut dq[c0..], head, false, &ds, square, &k[c0..], head);
+            matmul(&mut dk[c0..], head, false, &ds, square.t(), &q[c0..], head);
+            matmul(&mut dv[c0..], head, false, p, square.t(), &go[c0..], head);
         }
     });
     // Through the rotation: q = qa·cos + qb·sin, so dqa = dq·cos and dqb = dq·sin (same for k).
@@ -142,105 +170,17 @@ simd_fn! {
     }
 }
 
-/// `[T, D]` rows, columns `c0..c0+dh` → `[dh, T]`.
-fn transpose_head(x: &[f32], out: &mut [f32], t: usize, d: usize, c0: usize, dh: usize) {
-    for s in 0..t {
-        for j in 0..dh {
-            out[j * t + s] = x[s * d + c0 + j];
-        }
-    }
-}
-
 simd_fn! {
-    /// One head of one sequence: probabilities into `p: [T, T]`, weighted values into `o`'s head
-    /// columns.
-    fn forward_head(q: &[f32], kt: &[f32], v: &[f32], bias: &[f32], limits: &[usize], p: &mut [f32], o: &mut [f32], t: usize, d: usize, c0: usize, dh: usize) {
-        for i in 0..t {
-            let n = limits[i];
-            let row = &mut p[i * t..i * t + n];
-            row.copy_from_slice(&bias[i * t..i * t + n]);
-            for j in 0..dh {
-                let qj = q[i * d + c0 + j];
-                let kj = &kt[j * t..j * t + n];
-                for s in 0..n {
-                    row[s] += qj * kj[s];
-                }
-            }
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            let mut sum = 0.0;
-            for x in row.iter_mut() {
-                *x = exp(*x - max);
-                sum += *x;
-            }
-            let inv = 1.0 / sum;
-            for x in row.iter_mut() {
-                *x *= inv;
-            }
-            let oi = &mut o[i * d + c0..i * d + c0 + dh];
+    /// `dp: [T, T]` (gradient of the probabilities) → gradient of the scores,
+    /// `p·(dp − dO·O)` row by row (`dO·O = Σ_s p·dp`); 0 past each row's limit.
+    fn softmax_grad_rows(dp: &mut [f32], p: &[f32], go: &[f32], out: &[f32], limits: &[usize], t: usize, d: usize, dh: usize) {
+        for (i, &n) in limits.iter().enumerate() {
+            let row_term = dot(&go[i * d..i * d + dh], &out[i * d..i * d + dh]);
+            let (row, pr) = (&mut dp[i * t..(i + 1) * t], &p[i * t..(i + 1) * t]);
             for s in 0..n {
-                let ps = row[s];
-                let vs = &v[s * d + c0..s * d + c0 + dh];
-                for j in 0..dh {
-                    oi[j] += ps * vs[j];
-                }
+                row[s] = pr[s] * (row[s] - row_term);
             }
-        }
-    }
-}
-
-struct HeadRef<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    out: &'a [f32],
-    grad_out: &'a [f32],
-    vt: &'a [f32],
-    p: &'a [f32],
-    limits: &'a [usize],
-}
-
-simd_fn! {
-    /// Gradients of one head of one sequence, added into the head columns of `dq`, `dk`, `dv`.
-    fn backward_head(x: &HeadRef, dq: &mut [f32], dk: &mut [f32], dv: &mut [f32], ds: &mut [f32], dqi: &mut [f32], t: usize, d: usize, c0: usize, dh: usize) {
-        for i in 0..t {
-            let n = x.limits[i];
-            let go = &x.grad_out[i * d + c0..i * d + c0 + dh];
-            let oi = &x.out[i * d + c0..i * d + c0 + dh];
-            // Σ_s p·dp = dO·O (the softmax backward's row term).
-            let mut dot = 0.0;
-            for j in 0..dh {
-                dot += go[j] * oi[j];
-            }
-            let ds = &mut ds[..n];
-            ds.fill(0.0);
-            for j in 0..dh {
-                let g = go[j];
-                let vj = &x.vt[j * t..j * t + n];
-                for s in 0..n {
-                    ds[s] += g * vj[s];
-                }
-            }
-            let p = &x.p[i * t..i * t + n];
-            for s in 0..n {
-                ds[s] = p[s] * (ds[s] - dot);
-            }
-            let qi = &x.q[i * d + c0..i * d + c0 + dh];
-            dqi.fill(0.0);
-            for s in 0..n {
-                let (w, pw) = (ds[s], p[s]);
-                let ks = &x.k[s * d + c0..s * d + c0 + dh];
-                for j in 0..dh {
-                    dqi[j] += w * ks[j];
-                }
-                let dks = &mut dk[s * d + c0..s * d + c0 + dh];
-                for j in 0..dh {
-                    dks[j] += w * qi[j];
-                }
-                let dvs = &mut dv[s * d + c0..s * d + c0 + dh];
-                for j in 0..dh {
-                    dvs[j] += pw * go[j];
-                }
-            }
-            dq[i * d + c0..i * d + c0 + dh].copy_from_slice(dqi);
+            row[n..].fill(0.0);
         }
     }
 }

@@ -9,6 +9,7 @@
 //! in one process.
 
 mod attention;
+mod gemm;
 mod extension;
 pub(crate) mod pointwise;
 pub(crate) mod simd;

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::simd::{exp, sigmoid, simd_fn};
+use super::simd::{dot, exp_shifted, max, sigmoid, simd_fn};
 
 /// Rows per parallel task: large enough that the hand-off costs little next to the work.
 const CHUNK_ROWS: usize = 64;
@@ -70,7 +70,7 @@ simd_fn! {
         let d = gamma.len();
         for (r, inv) in inv.iter_mut().enumerate() {
             let xr = &x[r * d..(r + 1) * d];
-            let ms = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            let ms = dot(xr, xr) / d as f32;
             *inv = 1.0 / (ms + eps).sqrt();
             let yr = &mut y[r * d..(r + 1) * d];
             for j in 0..d {
@@ -142,13 +142,9 @@ simd_fn! {
             for j in 0..v {
                 pr[j] = zr[j] * scale + mr[j];
             }
-            let max = pr.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let mut sum = 0.0;
-            for x in pr.iter_mut() {
-                *x = exp(*x - max);
-                sum += *x;
-            }
-            lp[r] = zr[target] * scale + mr[target] - max - sum.ln();
+            let m = max(pr);
+            let sum = exp_shifted(pr, m);
+            lp[r] = zr[target] * scale + mr[target] - m - sum.ln();
             let inv = 1.0 / sum;
             for x in pr.iter_mut() {
                 *x *= inv;

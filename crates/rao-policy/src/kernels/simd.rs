@@ -54,7 +54,7 @@ pub fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     let xc = x.clamp(-87.3, 88.7);
-    let n = (xc * LOG2E).round();
+    let n = (xc * LOG2E).round_ties_even(); // one instruction; `round` is a libm call
     let r = xc - n * LN2_HI - n * LN2_LO;
     let r2 = r * r;
     let mut p = 1.987_569_1e-4_f32;
@@ -73,6 +73,75 @@ pub fn exp(x: f32) -> f32 {
     } else {
         out
     }
+}
+
+/// Lanes the helpers below work in: fixed-size chunks compile to whole vector operations (and
+/// per-lane partial sums vectorise, where one running float sum cannot be reordered).
+const LANES: usize = 8;
+
+/// `y += a·x`.
+#[inline(always)]
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    let n = y.len().min(x.len());
+    let (mut yc, mut xc) = (y[..n].chunks_exact_mut(LANES), x[..n].chunks_exact(LANES));
+    for (yv, xv) in (&mut yc).zip(&mut xc) {
+        for k in 0..LANES {
+            yv[k] += a * xv[k];
+        }
+    }
+    for (yv, xv) in yc.into_remainder().iter_mut().zip(xc.remainder()) {
+        *yv += a * xv;
+    }
+}
+
+/// `Σ a·b` (per-lane partial sums, then the lanes in order).
+#[inline(always)]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut acc = [0.0f32; LANES];
+    let (mut ac, mut bc) = (a[..n].chunks_exact(LANES), b[..n].chunks_exact(LANES));
+    for (av, bv) in (&mut ac).zip(&mut bc) {
+        for k in 0..LANES {
+            acc[k] += av[k] * bv[k];
+        }
+    }
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `Σ a`.
+#[inline(always)]
+pub fn sum(a: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let mut ac = a.chunks_exact(LANES);
+    for av in &mut ac {
+        for k in 0..LANES {
+            acc[k] += av[k];
+        }
+    }
+    acc.iter().sum::<f32>() + ac.remainder().iter().sum::<f32>()
+}
+
+/// `max a` (−∞ for an empty slice).
+#[inline(always)]
+pub fn max(a: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut ac = a.chunks_exact(LANES);
+    for av in &mut ac {
+        for k in 0..LANES {
+            acc[k] = if av[k] > acc[k] { av[k] } else { acc[k] };
+        }
+    }
+    ac.remainder().iter().chain(&acc).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+/// `x ← e^(x − shift)` for every element; returns their sum.
+#[inline(always)]
+pub fn exp_shifted(x: &mut [f32], shift: f32) -> f32 {
+    for v in x.iter_mut() {
+        *v = exp(*v - shift);
+    }
+    sum(x)
 }
 
 /// `1 / (1 + e^−x)` through [`exp`].

@@ -1,0 +1,74 @@
+//! Safe strided matrix products for the kernels, single-threaded (the kernels parallelise over
+//! sequences), through the `gemm` crate's vectorised microkernels.
+
+/// A matrix inside a slice: element `(r, c)` at index `r·rs + c·cs`.
+#[derive(Clone, Copy, Debug)]
+pub struct View {
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl View {
+    /// Row-major rows of `cols` elements, `stride` apart.
+    pub fn rows(rows: usize, cols: usize, stride: usize) -> View {
+        View { rows, cols, rs: stride, cs: 1 }
+    }
+
+    pub fn t(self) -> View {
+        View { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs }
+    }
+
+    fn fits(&self, len: usize) -> bool {
+        self.rows == 0 || self.cols == 0 || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < len
+    }
+}
+
+/// `dst = lhs·rhs`, or `dst += lhs·rhs` when `accumulate`.
+pub fn matmul(dst: &mut [f32], dv: View, accumulate: bool, lhs: &[f32], lv: View, rhs: &[f32], rv: View) {
+    assert!(dv.rows == lv.rows && dv.cols == rv.cols && lv.cols == rv.rows, "matmul shapes {dv:?} = {lv:?}·{rv:?}");
+    assert!(dv.fits(dst.len()) && lv.fits(lhs.len()) && rv.fits(rhs.len()), "matmul view out of bounds");
+    // SAFETY: the views were checked to lie inside their slices, `dst` is borrowed mutably (so it
+    // does not alias the inputs), and f32 is a type gemm supports.
+    unsafe {
+        gemm::gemm(
+            dv.rows,
+            dv.cols,
+            lv.cols,
+            dst.as_mut_ptr(),
+            dv.cs as isize,
+            dv.rs as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lv.cs as isize,
+            lv.rs as isize,
+            rhs.as_ptr(),
+            rv.cs as isize,
+            rv.rs as isize,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_products_match_the_definition() {
+        // lhs 2×3 inside rows of 4; rhs 3×2 read transposed from a 2×3 block.
+        let lhs = [1.0, 2.0, 3.0, 9.0, 4.0, 5.0, 6.0, 9.0];
+        let rhs_t = [1.0, 0.0, 2.0, 0.0, 1.0, 1.0];
+        let mut dst = [10.0; 4];
+        matmul(&mut dst, View::rows(2, 2, 2), false, &lhs, View::rows(2, 3, 4), &rhs_t, View::rows(2, 3, 3).t());
+        assert_eq!(dst, [7.0, 5.0, 16.0, 11.0]);
+        matmul(&mut dst, View::rows(2, 2, 2), true, &lhs, View::rows(2, 3, 4), &rhs_t, View::rows(2, 3, 3).t());
+        assert_eq!(dst, [14.0, 10.0, 32.0, 22.0]);
+    }
+}
