@@ -155,17 +155,17 @@ fn key_limits(bias: &[f32], t: usize) -> Vec<usize> {
 
 simd_fn! {
     fn rotate_rows(out: &mut [f32], a: &[f32], b: &[f32], cos: &[f32], sin: &[f32]) {
-        for i in 0..out.len() {
-            out[i] = a[i] * cos[i] + b[i] * sin[i];
+        for ((o, (&a, &b)), (&c, &s)) in out.iter_mut().zip(a.iter().zip(b)).zip(cos.iter().zip(sin)) {
+            *o = a * c + b * s;
         }
     }
 }
 
 simd_fn! {
     fn unrotate_rows(ga: &mut [f32], gb: &mut [f32], g: &[f32], cos: &[f32], sin: &[f32]) {
-        for i in 0..g.len() {
-            ga[i] = g[i] * cos[i];
-            gb[i] = g[i] * sin[i];
+        for ((ga, gb), (&g, (&c, &s))) in ga.iter_mut().zip(gb.iter_mut()).zip(g.iter().zip(cos.iter().zip(sin))) {
+            *ga = g * c;
+            *gb = g * s;
         }
     }
 }
@@ -177,8 +177,8 @@ simd_fn! {
         for (i, &n) in limits.iter().enumerate() {
             let row_term = dot(&go[i * d..i * d + dh], &out[i * d..i * d + dh]);
             let (row, pr) = (&mut dp[i * t..(i + 1) * t], &p[i * t..(i + 1) * t]);
-            for s in 0..n {
-                row[s] = pr[s] * (row[s] - row_term);
+            for (x, &p) in row[..n].iter_mut().zip(&pr[..n]) {
+                *x = p * (*x - row_term);
             }
             row[n..].fill(0.0);
         }

@@ -19,8 +19,8 @@ pub fn swiglu_forward(a: &[f32], b: &[f32]) -> Vec<f32> {
 
 simd_fn! {
     fn swiglu_rows(o: &mut [f32], a: &[f32], b: &[f32]) {
-        for i in 0..o.len() {
-            o[i] = a[i] * sigmoid(a[i]) * b[i];
+        for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+            *o = a * sigmoid(a) * b;
         }
     }
 }
@@ -38,12 +38,11 @@ pub fn swiglu_backward(a: &[f32], b: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>) 
 
 simd_fn! {
     fn swiglu_grad_rows(da: &mut [f32], db: &mut [f32], a: &[f32], b: &[f32], g: &[f32]) {
-        for i in 0..g.len() {
-            let s = sigmoid(a[i]);
-            let silu = a[i] * s;
-            db[i] = g[i] * silu;
+        for ((da, db), ((&a, &b), &g)) in da.iter_mut().zip(db.iter_mut()).zip(a.iter().zip(b).zip(g)) {
+            let s = sigmoid(a);
+            *db = g * a * s;
             // d silu / da = s·(1 + a·(1 − s)).
-            da[i] = g[i] * b[i] * s * (1.0 + a[i] * (1.0 - s));
+            *da = g * b * s * (1.0 + a * (1.0 - s));
         }
     }
 }
@@ -73,8 +72,8 @@ simd_fn! {
             let ms = dot(xr, xr) / d as f32;
             *inv = 1.0 / (ms + eps).sqrt();
             let yr = &mut y[r * d..(r + 1) * d];
-            for j in 0..d {
-                yr[j] = xr[j] * *inv * gamma[j];
+            for ((y, &x), &g) in yr.iter_mut().zip(xr).zip(gamma) {
+                *y = x * *inv * g;
             }
         }
     }
@@ -108,15 +107,16 @@ simd_fn! {
         for (r, &inv) in inv.iter().enumerate() {
             let (xr, gr) = (&x[r * d..(r + 1) * d], &g[r * d..(r + 1) * d]);
             // With x̂ = x·inv and u = g·gamma: dx = inv·(u − x̂·mean(u·x̂)).
-            let mut dot = 0.0;
-            for j in 0..d {
-                dot += gr[j] * gamma[j] * xr[j] * inv;
-                dgamma[j] += gr[j] * xr[j] * inv;
+            for ((dg, &g), &x) in dgamma.iter_mut().zip(gr).zip(xr) {
+                *dg += g * x * inv;
             }
-            let m = dot / d as f32;
             let dxr = &mut dx[r * d..(r + 1) * d];
-            for j in 0..d {
-                dxr[j] = inv * (gr[j] * gamma[j] - xr[j] * inv * m);
+            for ((u, &g), &gm) in dxr.iter_mut().zip(gr).zip(gamma) {
+                *u = g * gm;
+            }
+            let m = dot(dxr, xr) * inv / d as f32;
+            for (u, &x) in dxr.iter_mut().zip(xr) {
+                *u = inv * (*u - x * inv * m);
             }
         }
     }

@@ -53,8 +53,12 @@ pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5·2²³ rounds to an integer that lands in the low mantissa bits: `n` as a float and
+    // as bits without a float→int cast (whose saturating semantics do not vectorise).
+    const MAGIC: f32 = 12_582_912.0;
     let xc = x.clamp(-87.3, 88.7);
-    let n = (xc * LOG2E).round_ties_even(); // one instruction; `round` is a libm call
+    let t = xc * LOG2E + MAGIC;
+    let n = t - MAGIC;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let r2 = r * r;
     let mut p = 1.987_569_1e-4_f32;
@@ -64,7 +68,7 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 5.000_000_1e-1;
     let y = p * r2 + r + 1.0;
-    let scale = f32::from_bits((((n as i32) + 127) << 23) as u32);
+    let scale = f32::from_bits(t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127) << 23);
     let out = y * scale;
     if x < -87.3 {
         0.0
@@ -78,21 +82,6 @@ pub fn exp(x: f32) -> f32 {
 /// Lanes the helpers below work in: fixed-size chunks compile to whole vector operations (and
 /// per-lane partial sums vectorise, where one running float sum cannot be reordered).
 const LANES: usize = 8;
-
-/// `y += a·x`.
-#[inline(always)]
-pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    let n = y.len().min(x.len());
-    let (mut yc, mut xc) = (y[..n].chunks_exact_mut(LANES), x[..n].chunks_exact(LANES));
-    for (yv, xv) in (&mut yc).zip(&mut xc) {
-        for k in 0..LANES {
-            yv[k] += a * xv[k];
-        }
-    }
-    for (yv, xv) in yc.into_remainder().iter_mut().zip(xc.remainder()) {
-        *yv += a * xv;
-    }
-}
 
 /// `Σ a·b` (per-lane partial sums, then the lanes in order).
 #[inline(always)]
