@@ -5,7 +5,7 @@ use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig, SwiGlu, SwiGluConfig};
 use burn::tensor::activation::softmax;
 
-use crate::kernels::{self, Projections};
+use crate::kernels;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
@@ -113,29 +113,25 @@ fn rotate_half_matrix(n_heads: usize, head_dim: usize, device: &Device) -> Tenso
     Tensor::<2>::from_data(TensorData::new(r, [d, d]), device)
 }
 
-/// A block's projection weights with the rotary rotation and the attention scale folded in,
-/// built once per forward call (or once per sampling call). Separate matmuls rather than one
-/// wide one: slicing a wide product costs more in the backward pass (each slice's gradient is a
-/// zero-filled full-width tensor) than the extra matmul calls.
+/// A block's query weights with the attention scale folded in, built once per forward call (or
+/// once per sampling call).
 pub struct FusedBlock {
-    /// `Wq·s`, `Wq·R·s`, `Wk`, `Wk·R` (s = 1/√Dh, R = [`rotate_half_matrix`]).
+    /// `Wq·s` (s = 1/√Dh).
     q: Tensor<2>,
-    q_rot: Tensor<2>,
-    k: Tensor<2>,
-    k_rot: Tensor<2>,
 }
 
-/// Projection weights of every block, fused (see [`FusedBlock`]).
+/// Per-block folded weights (see [`FusedBlock`]) and the rotate-half matrix `R`
+/// ([`rotate_half_matrix`]): rotary positions are `x·cos + (x·R)·sin`.
 pub struct Fused {
     blocks: Vec<FusedBlock>,
+    rotate: Tensor<2>,
 }
 
 impl Block {
-    fn fuse(&self, rotate: &Tensor<2>) -> FusedBlock {
+    fn fuse(&self) -> FusedBlock {
         let d = self.wq.weight.dims()[0];
         let scale = 1.0 / ((d / self.n_heads) as f64).sqrt();
-        let (q, k) = (self.wq.weight.val() * scale, self.wk.weight.val());
-        FusedBlock { q_rot: q.clone().matmul(rotate.clone()), k_rot: k.clone().matmul(rotate.clone()), q, k }
+        FusedBlock { q: self.wq.weight.val() * scale }
     }
 
     /// `x: [B·T, D]` (rows of `b` sequences), `bias: [B, 1, T, S]` additive attention bias
@@ -143,6 +139,7 @@ impl Block {
     fn forward(
         &self,
         fused: &FusedBlock,
+        rotate: &Tensor<2>,
         x: Tensor<2>,
         b: usize,
         (cos, sin): (&Tensor<2>, &Tensor<2>),
@@ -153,16 +150,15 @@ impl Block {
         let (t, h) = (n / b, self.n_heads);
         let dh = d / h;
         let hx = kernels::rms_norm(&self.norm_attn, x.clone());
-        let mm = |w: &Tensor<2>| hx.clone().matmul(w.clone());
-        let p = Projections { qa: mm(&fused.q), qb: mm(&fused.q_rot), ka: mm(&fused.k), kb: mm(&fused.k_rot), v: mm(&self.wv.weight.val()) };
+        let mm = |w: Tensor<2>| hx.clone().matmul(w);
+        let qkv = [mm(fused.q.clone()), mm(self.wk.weight.val()), mm(self.wv.weight.val())];
         let merged = match cache {
-            None => kernels::rope_attention(p, (cos, sin), bias, b, h),
+            None => kernels::rope_attention(qkv, rotate, (cos, sin), bias, b, h),
             Some(slot) => {
-                // Rotate-half rotary positions: x·cos + (x·R)·sin.
-                let q = p.qa * cos.clone() + p.qb * sin.clone();
-                let k = p.ka * cos.clone() + p.kb * sin.clone();
+                let [q, k, v] = qkv;
+                let rope = |x: Tensor<2>| x.clone() * cos.clone() + x.matmul(rotate.clone()) * sin.clone();
                 let heads = |y: Tensor<2>| y.reshape([b, t, h, dh]).swap_dims(1, 2);
-                let (q, mut k, mut v) = (heads(q), heads(k), heads(p.v));
+                let (q, mut k, mut v) = (heads(rope(q)), heads(rope(k)), heads(v));
                 if let Some((pk, pv)) = slot.take() {
                     k = Tensor::cat(vec![pk, k], 2);
                     v = Tensor::cat(vec![pv, v], 2);
@@ -210,8 +206,7 @@ impl Transformer {
     /// when calling forward many times with the same parameters.
     pub fn fuse(&self) -> Fused {
         let dh = self.d_model / self.n_heads;
-        let rotate = rotate_half_matrix(self.n_heads, dh, &self.embed.weight.device());
-        Fused { blocks: self.blocks.iter().map(|blk| blk.fuse(&rotate)).collect() }
+        Fused { blocks: self.blocks.iter().map(Block::fuse).collect(), rotate: rotate_half_matrix(self.n_heads, dh, &self.embed.weight.device()) }
     }
 
     /// Logits `[B, T, V]` for `tokens: [B, T]` at explicit `positions`, with an additive attention
@@ -246,7 +241,7 @@ impl Transformer {
         }
         for (i, (block, f)) in self.blocks.iter().zip(&fused.blocks).enumerate() {
             let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-            x = block.forward(f, x, b, (&rope.0, &rope.1), &bias, slot);
+            x = block.forward(f, &fused.rotate, x, b, (&rope.0, &rope.1), &bias, slot);
         }
         // Tied embeddings: logits = h · Eᵀ.
         let w = self.embed.weight.val();

@@ -26,10 +26,8 @@ impl Dims {
 
 /// Inputs of the forward pass, all row-major `[B·T, D]` except `bias: [B, T, T]` (0 or −∞).
 pub struct Inputs<'a> {
-    pub qa: &'a [f32],
-    pub qb: &'a [f32],
-    pub ka: &'a [f32],
-    pub kb: &'a [f32],
+    pub q: &'a [f32],
+    pub k: &'a [f32],
     pub v: &'a [f32],
     pub cos: &'a [f32],
     pub sin: &'a [f32],
@@ -45,21 +43,22 @@ pub struct Saved {
     pub out: Vec<f32>,
 }
 
-/// `out = softmax(q·kᵀ + bias)·v` per head, with `q = qa·cos + qb·sin` and `k = ka·cos + kb·sin`.
+/// `out = softmax(q̃·k̃ᵀ + bias)·v` per head, with rotary positions `q̃ = q·cos + rot(q)·sin`
+/// (`rot`: each head's halves `[x₁, x₂] → [−x₂, x₁]`), the same for `k̃`.
 pub fn forward(x: &Inputs, dims: Dims) -> Saved {
     let Dims { batch, t, heads, dh } = dims;
     let d = dims.d();
     let rows = batch * t;
-    let rotate = |a: &[f32], b: &[f32]| -> Vec<f32> {
+    let rotate = |a: &[f32]| -> Vec<f32> {
         let mut out = vec![0.0; rows * d];
         out.par_chunks_mut(t * d).enumerate().for_each(|(i, o)| {
             let r = i * t * d..(i + 1) * t * d;
-            rotate_rows(o, &a[r.clone()], &b[r.clone()], &x.cos[r.clone()], &x.sin[r]);
+            rotate_rows(o, &a[r.clone()], &x.cos[r.clone()], &x.sin[r], dh);
         });
         out
     };
-    let q = rotate(x.qa, x.qb);
-    let k = rotate(x.ka, x.kb);
+    let q = rotate(x.q);
+    let k = rotate(x.k);
     let mut probs = vec![0.0; batch * heads * t * t];
     let mut out = vec![0.0; rows * d];
     (probs.par_chunks_mut(heads * t * t), out.par_chunks_mut(t * d)).into_par_iter().enumerate().for_each(|(b, (p, o))| {
@@ -98,12 +97,10 @@ simd_fn! {
     }
 }
 
-/// Gradients of the five projected inputs.
+/// Gradients of the three projected inputs.
 pub struct Grads {
-    pub qa: Vec<f32>,
-    pub qb: Vec<f32>,
-    pub ka: Vec<f32>,
-    pub kb: Vec<f32>,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
     pub v: Vec<f32>,
 }
 
@@ -132,19 +129,16 @@ pub fn backward(x: &Inputs, saved: &Saved, grad_out: &[f32], dims: Dims) -> Grad
             matmul(&mut dv[c0..], head, false, p, square.t(), &go[c0..], head);
         }
     });
-    // Through the rotation: q = qa·cos + qb·sin, so dqa = dq·cos and dqb = dq·sin (same for k).
-    let split = |g: &[f32]| -> (Vec<f32>, Vec<f32>) {
-        let mut ga = vec![0.0; rows * d];
-        let mut gb = vec![0.0; rows * d];
-        (ga.par_chunks_mut(t * d), gb.par_chunks_mut(t * d)).into_par_iter().enumerate().for_each(|(i, (ga, gb))| {
+    // Back through the rotation.
+    let unrotate = |g: &[f32]| -> Vec<f32> {
+        let mut out = vec![0.0; rows * d];
+        out.par_chunks_mut(t * d).enumerate().for_each(|(i, o)| {
             let r = i * t * d..(i + 1) * t * d;
-            unrotate_rows(ga, gb, &g[r.clone()], &x.cos[r.clone()], &x.sin[r]);
+            unrotate_rows(o, &g[r.clone()], &x.cos[r.clone()], &x.sin[r], dh);
         });
-        (ga, gb)
+        out
     };
-    let (qa, qb) = split(&dq);
-    let (ka, kb) = split(&dk);
-    Grads { qa, qb, ka, kb, v: dv }
+    Grads { q: unrotate(&dq), k: unrotate(&dk), v: dv }
 }
 
 /// One past the last key each query may see (the bias is −∞ beyond it): the loops stop there,
@@ -154,18 +148,35 @@ fn key_limits(bias: &[f32], t: usize) -> Vec<usize> {
 }
 
 simd_fn! {
-    fn rotate_rows(out: &mut [f32], a: &[f32], b: &[f32], cos: &[f32], sin: &[f32]) {
-        for ((o, (&a, &b)), (&c, &s)) in out.iter_mut().zip(a.iter().zip(b)).zip(cos.iter().zip(sin)) {
-            *o = a * c + b * s;
+    /// `out = x·cos + rot(x)·sin` on rows of heads of `dh` columns.
+    fn rotate_rows(out: &mut [f32], x: &[f32], cos: &[f32], sin: &[f32], dh: usize) {
+        let half = dh / 2;
+        for (((o, x), c), s) in out.chunks_exact_mut(dh).zip(x.chunks_exact(dh)).zip(cos.chunks_exact(dh)).zip(sin.chunks_exact(dh)) {
+            let (o_lo, o_hi) = o.split_at_mut(half);
+            let (x_lo, x_hi) = x.split_at(half);
+            let (c_lo, c_hi) = c.split_at(half);
+            let (s_lo, s_hi) = s.split_at(half);
+            for j in 0..half {
+                o_lo[j] = x_lo[j] * c_lo[j] - x_hi[j] * s_lo[j];
+                o_hi[j] = x_hi[j] * c_hi[j] + x_lo[j] * s_hi[j];
+            }
         }
     }
 }
 
 simd_fn! {
-    fn unrotate_rows(ga: &mut [f32], gb: &mut [f32], g: &[f32], cos: &[f32], sin: &[f32]) {
-        for ((ga, gb), (&g, (&c, &s))) in ga.iter_mut().zip(gb.iter_mut()).zip(g.iter().zip(cos.iter().zip(sin))) {
-            *ga = g * c;
-            *gb = g * s;
+    /// The transpose of [`rotate_rows`]: the gradient of `x` from the gradient `g` of the output.
+    fn unrotate_rows(out: &mut [f32], g: &[f32], cos: &[f32], sin: &[f32], dh: usize) {
+        let half = dh / 2;
+        for (((o, g), c), s) in out.chunks_exact_mut(dh).zip(g.chunks_exact(dh)).zip(cos.chunks_exact(dh)).zip(sin.chunks_exact(dh)) {
+            let (o_lo, o_hi) = o.split_at_mut(half);
+            let (g_lo, g_hi) = g.split_at(half);
+            let (c_lo, c_hi) = c.split_at(half);
+            let (s_lo, s_hi) = s.split_at(half);
+            for j in 0..half {
+                o_lo[j] = g_lo[j] * c_lo[j] + g_hi[j] * s_hi[j];
+                o_hi[j] = g_hi[j] * c_hi[j] - g_lo[j] * s_lo[j];
+            }
         }
     }
 }

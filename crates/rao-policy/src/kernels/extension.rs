@@ -19,10 +19,8 @@ use super::pointwise;
 pub trait FusedOps: Backend {
     /// See [`attention::forward`]; `bias: [B, T, T]`, the rest `[B·T, D]`.
     fn rope_attention(
-        qa: FloatTensor<Self>,
-        qb: FloatTensor<Self>,
-        ka: FloatTensor<Self>,
-        kb: FloatTensor<Self>,
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
@@ -53,22 +51,22 @@ fn tensor(v: Vec<f32>, shape: Shape) -> FlexTensor {
 /// The attention inputs, made contiguous, in [`attention::Inputs`] order.
 #[derive(Clone)]
 struct AttentionArgs {
-    tensors: [FlexTensor; 8],
+    tensors: [FlexTensor; 6],
     dims: Dims,
 }
 
 impl AttentionArgs {
-    fn new(t: [FlexTensor; 8], heads: usize) -> Self {
+    fn new(t: [FlexTensor; 6], heads: usize) -> Self {
         let tensors = t.map(contiguous);
         let [rows, d] = tensors[0].shape().dims::<2>();
-        let [batch, t, _] = tensors[7].shape().dims::<3>();
+        let [batch, t, _] = tensors[5].shape().dims::<3>();
         assert_eq!(batch * t, rows, "attention bias must be [B, T, T] for [B·T, D] rows");
         AttentionArgs { tensors, dims: Dims { batch, t, heads, dh: d / heads } }
     }
 
     fn inputs(&self) -> attention::Inputs<'_> {
-        let [qa, qb, ka, kb, v, cos, sin, bias] = self.tensors.each_ref().map(values);
-        attention::Inputs { qa, qb, ka, kb, v, cos, sin, bias }
+        let [q, k, v, cos, sin, bias] = self.tensors.each_ref().map(values);
+        attention::Inputs { q, k, v, cos, sin, bias }
     }
 
     fn shape(&self) -> Shape {
@@ -77,18 +75,8 @@ impl AttentionArgs {
 }
 
 impl FusedOps for Flex {
-    fn rope_attention(
-        qa: FlexTensor,
-        qb: FlexTensor,
-        ka: FlexTensor,
-        kb: FlexTensor,
-        v: FlexTensor,
-        cos: FlexTensor,
-        sin: FlexTensor,
-        bias: FlexTensor,
-        heads: usize,
-    ) -> FlexTensor {
-        let args = AttentionArgs::new([qa, qb, ka, kb, v, cos, sin, bias], heads);
+    fn rope_attention(q: FlexTensor, k: FlexTensor, v: FlexTensor, cos: FlexTensor, sin: FlexTensor, bias: FlexTensor, heads: usize) -> FlexTensor {
+        let args = AttentionArgs::new([q, k, v, cos, sin, bias], heads);
         tensor(attention::forward(&args.inputs(), args.dims).out, args.shape())
     }
 
@@ -127,10 +115,8 @@ impl<T> std::fmt::Debug for Saved<T> {
 
 impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
     fn rope_attention(
-        qa: FloatTensor<Self>,
-        qb: FloatTensor<Self>,
-        ka: FloatTensor<Self>,
-        kb: FloatTensor<Self>,
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
@@ -139,13 +125,13 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
     ) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct RopeAttention;
-        impl Backward<Flex, 5> for RopeAttention {
+        impl Backward<Flex, 3> for RopeAttention {
             type State = Saved<(AttentionArgs, attention::Saved)>;
-            fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+            fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
                 let (args, saved) = &*ops.state.0;
                 let g = contiguous(grads.consume::<Flex>(&ops.node));
                 let d = attention::backward(&args.inputs(), saved, values(&g), args.dims);
-                for (parent, grad) in ops.parents.into_iter().zip([d.qa, d.qb, d.ka, d.kb, d.v]) {
+                for (parent, grad) in ops.parents.into_iter().zip([d.q, d.k, d.v]) {
                     if let Some(node) = parent {
                         grads.register::<Flex>(node.id, tensor(grad, args.shape()));
                     }
@@ -153,11 +139,11 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
             }
         }
         // cos, sin and bias are constants (rotary tables, mask): no gradient flows to them.
-        let prims = [&qa, &qb, &ka, &kb, &v, &cos, &sin, &bias].map(|t| t.primitive().clone());
+        let prims = [&q, &k, &v, &cos, &sin, &bias].map(|t| t.primitive().clone());
         let args = AttentionArgs::new(prims, heads);
         let saved = attention::forward(&args.inputs(), args.dims);
         let out = tensor(saved.out.clone(), args.shape());
-        match RopeAttention.prepare::<C>([qa.node(), qb.node(), ka.node(), kb.node(), v.node()]).compute_bound().stateful() {
+        match RopeAttention.prepare::<C>([q.node(), k.node(), v.node()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((args, saved))), out),
             OpsKind::UnTracked(prep) => prep.finish(out),
         }

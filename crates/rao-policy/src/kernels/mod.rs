@@ -54,35 +54,31 @@ pub fn swiglu(a: Tensor<2>, b: Tensor<2>) -> Tensor<2> {
     Tensor::from_dispatch(<Dispatch as FusedOps>::swiglu(a.into_dispatch(), b.into_dispatch()))
 }
 
-/// Rows of rotated projections for one attention layer, `[B·T, D]` each: queries and keys before
-/// the rotary rotation (`a·cos + b·sin`), and values.
-pub struct Projections {
-    pub qa: Tensor<2>,
-    pub qb: Tensor<2>,
-    pub ka: Tensor<2>,
-    pub kb: Tensor<2>,
-    pub v: Tensor<2>,
-}
-
-/// Multi-head attention over `batch` sequences without a cache: `bias: [B, 1, T, T]` (0 or −∞),
-/// rotary tables `cos`, `sin: [B·T, D]`. Returns the heads merged, `[B·T, D]`.
-pub fn rope_attention(p: Projections, (cos, sin): (&Tensor<2>, &Tensor<2>), bias: &Tensor<4>, batch: usize, heads: usize) -> Tensor<2> {
-    let [n, d] = p.qa.dims();
+/// Multi-head attention over `batch` sequences without a cache, from the projections
+/// `q`, `k`, `v: [B·T, D]`, with rotary positions `x·cos + (x·R)·sin` (`rotate` = R, the
+/// rotate-half permutation; `cos`, `sin: [B·T, D]`) and an additive `bias: [B, 1, T, T]`
+/// (0 or −∞). Returns the heads merged, `[B·T, D]`.
+pub fn rope_attention(
+    [q, k, v]: [Tensor<2>; 3],
+    rotate: &Tensor<2>,
+    (cos, sin): (&Tensor<2>, &Tensor<2>),
+    bias: &Tensor<4>,
+    batch: usize,
+    heads: usize,
+) -> Tensor<2> {
+    let [n, d] = q.dims();
     let t = n / batch;
-    if !fused(&p.qa) {
-        let q = p.qa * cos.clone() + p.qb * sin.clone();
-        let k = p.ka * cos.clone() + p.kb * sin.clone();
+    if !fused(&q) {
+        let rope = |x: Tensor<2>| x.clone() * cos.clone() + x.matmul(rotate.clone()) * sin.clone();
         let split = |y: Tensor<2>| y.reshape([batch, t, heads, d / heads]).swap_dims(1, 2);
-        let scores = split(q).matmul(split(k).swap_dims(2, 3)) + bias.clone();
-        return softmax(scores, 3).matmul(split(p.v)).swap_dims(1, 2).reshape([n, d]);
+        let scores = split(rope(q)).matmul(split(rope(k)).swap_dims(2, 3)) + bias.clone();
+        return softmax(scores, 3).matmul(split(v)).swap_dims(1, 2).reshape([n, d]);
     }
     let bias = bias.clone().reshape([batch, t, t]);
     let out = <Dispatch as FusedOps>::rope_attention(
-        p.qa.into_dispatch(),
-        p.qb.into_dispatch(),
-        p.ka.into_dispatch(),
-        p.kb.into_dispatch(),
-        p.v.into_dispatch(),
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
         cos.clone().into_dispatch(),
         sin.clone().into_dispatch(),
         bias.into_dispatch(),
