@@ -197,7 +197,11 @@ impl Policy {
 
     /// The decoding loop shared by `sample` and `force`: `choose(row, last logits, tokens so
     /// far)` picks each row's next token and its log-prob.
-    fn decode(&self, reqs: &[SampleRequest], mut choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32)) -> Vec<(Vec<Tok>, Vec<f32>)> {
+    fn decode(&self, reqs: &[SampleRequest], choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32) + Send) -> Vec<(Vec<Tok>, Vec<f32>)> {
+        on_compute_pool(|| self.decode_here(reqs, choose))
+    }
+
+    fn decode_here(&self, reqs: &[SampleRequest], mut choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32)) -> Vec<(Vec<Tok>, Vec<f32>)> {
         if reqs.is_empty() {
             return vec![];
         }
@@ -349,6 +353,10 @@ impl Policy {
 
     /// Current log-probs of the generated tokens of each sequence (no gradient).
     pub fn sequence_logprobs(&self, seqs: &[Sequence], grammar: &dyn Grammar, temperature: f64) -> Vec<Vec<f32>> {
+        on_compute_pool(|| self.sequence_logprobs_here(seqs, grammar, temperature))
+    }
+
+    fn sequence_logprobs_here(&self, seqs: &[Sequence], grammar: &dyn Grammar, temperature: f64) -> Vec<Vec<f32>> {
         let model = self.model.valid();
         let batch = self.batch(seqs, grammar, &self.device);
         let lp = Self::token_logprobs(&model, &batch, temperature);
@@ -395,6 +403,10 @@ impl Policy {
 
     /// One optimiser step on a batch; returns metrics.
     pub fn train_step(&mut self, seqs: &[Sequence], grammar: &dyn Grammar, loss: Loss, lr: f64, temperature: f64) -> StepMetrics {
+        on_compute_pool(|| self.train_step_here(seqs, grammar, loss, lr, temperature))
+    }
+
+    fn train_step_here(&mut self, seqs: &[Sequence], grammar: &dyn Grammar, loss: Loss, lr: f64, temperature: f64) -> StepMetrics {
         let (total, mut m) = self.loss(seqs, grammar, loss, temperature);
         m.loss = total.clone().into_scalar::<f32>() as f64;
         let grads = total.backward();
@@ -404,6 +416,18 @@ impl Policy {
         self.model = write_params(self.model.clone(), &params);
         m
     }
+}
+
+/// Runs `f` on a thread of the compute pool (rayon's, which Flex and the kernels share) rather
+/// than beside it: the caller would otherwise be one thread more than there are cores, and each
+/// parallel op's hand-off would preempt it.
+/// The caller's choice of kernels ([`crate::kernels::set_enabled`]) goes along.
+fn on_compute_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let fused = crate::kernels::enabled();
+    rayon::scope(|_| {
+        crate::kernels::set_enabled(fused);
+        f()
+    })
 }
 
 struct Batch {

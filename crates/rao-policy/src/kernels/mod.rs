@@ -32,9 +32,14 @@ pub fn set_enabled(on: bool) {
     ENABLED.set(on);
 }
 
+/// Whether this thread's forward passes use the fused kernels.
+pub fn enabled() -> bool {
+    ENABLED.get()
+}
+
 /// Whether the fused kernels serve this tensor: f32 on the Flex backend, kernels enabled.
 fn fused<const D: usize>(t: &Tensor<D>) -> bool {
-    ENABLED.get() && t.dtype() == DType::F32 && matches!(t.device().as_dispatch().clone().inner(), DispatchDevice::Flex(_))
+    enabled() && t.dtype() == DType::F32 && matches!(t.device().as_dispatch().clone().inner(), DispatchDevice::Flex(_))
 }
 
 /// RMSNorm of the rows of `x: [N, D]` (same as `norm.forward(x)`).
