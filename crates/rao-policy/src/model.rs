@@ -113,11 +113,14 @@ fn rotate_half_matrix(n_heads: usize, head_dim: usize, device: &Device) -> Tenso
     Tensor::<2>::from_data(TensorData::new(r, [d, d]), device)
 }
 
-/// A block's query weights with the attention scale folded in, built once per forward call (or
-/// once per sampling call).
+/// A block's projection weights side by side, so each of its two input projections is one
+/// matrix product (and one gradient) instead of three or two; built once per forward call (or
+/// once per sampling call). The fused kernels read the wide products in place.
 pub struct FusedBlock {
-    /// `Wq·s` (s = 1/√Dh).
-    q: Tensor<2>,
+    /// `[Wq·s, Wk, Wv]`: `[D, 3D]` (s = 1/√Dh, the attention scale).
+    qkv: Tensor<2>,
+    /// `[W_gate, W_up]`: `[D, 2F]`.
+    gate_up: Tensor<2>,
 }
 
 /// Per-block folded weights (see [`FusedBlock`]) and the rotate-half matrix `R`
@@ -131,7 +134,10 @@ impl Block {
     fn fuse(&self) -> FusedBlock {
         let d = self.wq.weight.dims()[0];
         let scale = 1.0 / ((d / self.n_heads) as f64).sqrt();
-        FusedBlock { q: self.wq.weight.val() * scale }
+        FusedBlock {
+            qkv: Tensor::cat(vec![self.wq.weight.val() * scale, self.wk.weight.val(), self.wv.weight.val()], 1),
+            gate_up: Tensor::cat(vec![self.mlp.linear_inner.weight.val(), self.mlp.linear_outer.weight.val()], 1),
+        }
     }
 
     /// `x: [B·T, D]` (rows of `b` sequences), `bias: [B, 1, T, S]` additive attention bias
@@ -150,12 +156,11 @@ impl Block {
         let (t, h) = (n / b, self.n_heads);
         let dh = d / h;
         let hx = kernels::rms_norm(&self.norm_attn, x.clone());
-        let mm = |w: Tensor<2>| hx.clone().matmul(w);
-        let qkv = [mm(fused.q.clone()), mm(self.wk.weight.val()), mm(self.wv.weight.val())];
+        let qkv = hx.matmul(fused.qkv.clone());
         let merged = match cache {
             None => kernels::rope_attention(qkv, rotate, (cos, sin), bias, b, h),
             Some(slot) => {
-                let [q, k, v] = qkv;
+                let [q, k, v] = kernels::split_qkv(qkv);
                 let rope = |x: Tensor<2>| x.clone() * cos.clone() + x.matmul(rotate.clone()) * sin.clone();
                 let heads = |y: Tensor<2>| y.reshape([b, t, h, dh]).swap_dims(1, 2);
                 let (q, mut k, mut v) = (heads(rope(q)), heads(rope(k)), heads(v));
@@ -170,7 +175,7 @@ impl Block {
         };
         let x = x + merged.matmul(self.wo.weight.val());
         let hm = kernels::rms_norm(&self.norm_mlp, x.clone());
-        let gated = kernels::swiglu(hm.clone().matmul(self.mlp.linear_inner.weight.val()), hm.matmul(self.mlp.linear_outer.weight.val()));
+        let gated = kernels::swiglu(hm.matmul(fused.gate_up.clone()));
         x + gated.matmul(self.down.weight.val())
     }
 }

@@ -68,16 +68,22 @@ fn main() {
     let mut per_step = 0.0;
     for fused in [false, true] {
         rao_policy::kernels::set_enabled(fused);
-        policy.train_step(&seqs, &grammar, loss, 1e-4, 1.0); // warm-up
-        let t0 = Instant::now();
-        let steps = 10;
-        for _ in 0..steps {
-            policy.train_step(&seqs, &grammar, loss, 1e-4, 1.0);
+        for _ in 0..2 {
+            policy.train_step(&seqs, &grammar, loss, 1e-4, 1.0); // warm-up
         }
-        let secs = t0.elapsed().as_secs_f64() / steps as f64;
+        // Median of single-step times: robust to the machine's speed drifting during the run.
+        let mut times: Vec<f64> = (0..15)
+            .map(|_| {
+                let t0 = Instant::now();
+                policy.train_step(&seqs, &grammar, loss, 1e-4, 1.0);
+                t0.elapsed().as_secs_f64()
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        let secs = times[times.len() / 2];
         let label = if fused { "update   " } else { "decomposed" };
         let vs = if fused { format!("; {:.2}× the decomposed ops", per_step / secs) } else { String::new() };
-        println!("{label} 64×64 tokens: {:.1} ms/step, {:.0} tokens/s, {:.2} GFLOP/s{vs}", secs * 1e3, tokens / secs, flops / secs / 1e9);
+        println!("{label} 64×64 tokens: {:.1} ms/step (median), {:.0} tokens/s, {:.2} GFLOP/s{vs}", secs * 1e3, tokens / secs, flops / secs / 1e9);
         per_step = secs;
     }
 

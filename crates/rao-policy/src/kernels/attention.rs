@@ -24,18 +24,17 @@ impl Dims {
     }
 }
 
-/// Inputs of the forward pass, all row-major `[B·T, D]` except `bias: [B, T, T]` (0 or −∞).
+/// Inputs of the forward pass: `qkv: [B·T, 3D]` (queries, keys, values side by side, as one
+/// projection makes them), rotary tables `cos`, `sin: [B·T, D]`, `bias: [B, T, T]` (0 or −∞).
 pub struct Inputs<'a> {
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub qkv: &'a [f32],
     pub cos: &'a [f32],
     pub sin: &'a [f32],
     pub bias: &'a [f32],
 }
 
-/// What the backward pass needs besides the inputs: the rotated queries and keys (`[B·T, D]`)
-/// and the attention probabilities (`[B, H, T, T]`), and the output.
+/// What the backward pass needs besides the inputs: the rotated queries and keys (`[B·T, D]`),
+/// the attention probabilities (`[B, H, T, T]`) and the output (`[B·T, D]`).
 pub struct Saved {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
@@ -48,31 +47,28 @@ pub struct Saved {
 pub fn forward(x: &Inputs, dims: Dims) -> Saved {
     let Dims { batch, t, heads, dh } = dims;
     let d = dims.d();
-    let rows = batch * t;
-    let rotate = |a: &[f32]| -> Vec<f32> {
-        let mut out = vec![0.0; rows * d];
-        out.par_chunks_mut(t * d).enumerate().for_each(|(i, o)| {
-            let r = i * t * d..(i + 1) * t * d;
-            rotate_rows(o, &a[r.clone()], &x.cos[r.clone()], &x.sin[r], dh);
+    let rotate = |offset: usize| -> Vec<f32> {
+        let mut out = vec![0.0; batch * t * d];
+        out.par_chunks_mut(t * d).enumerate().for_each(|(b, o)| {
+            let (r, r3) = (b * t * d..(b + 1) * t * d, b * t * 3 * d..(b + 1) * t * 3 * d);
+            rotate_rows(o, &x.qkv[r3], offset, &x.cos[r.clone()], &x.sin[r], d, dh);
         });
         out
     };
-    let q = rotate(x.q);
-    let k = rotate(x.k);
+    let (q, k) = (rotate(0), rotate(d));
     let mut probs = vec![0.0; batch * heads * t * t];
-    let mut out = vec![0.0; rows * d];
+    let mut out = vec![0.0; batch * t * d];
     (probs.par_chunks_mut(heads * t * t), out.par_chunks_mut(t * d)).into_par_iter().enumerate().for_each(|(b, (p, o))| {
         let r = b * t * d..(b + 1) * t * d;
         let bias = &x.bias[b * t * t..(b + 1) * t * t];
         let limits = key_limits(bias, t);
-        let (q, k, v) = (&q[r.clone()], &k[r.clone()], &x.v[r]);
-        let head = View::rows(t, dh, d);
-        let square = View::rows(t, t, t);
+        let (q, k, v) = (&q[r.clone()], &k[r], &x.qkv[b * t * 3 * d + 2 * d..(b + 1) * t * 3 * d]);
+        let (head, head_v, square) = (View::rows(t, dh, d), View::rows(t, dh, 3 * d), View::rows(t, t, t));
         for h in 0..heads {
             let (c0, p) = (h * dh, &mut p[h * t * t..(h + 1) * t * t]);
             matmul(p, square, false, &q[c0..], head, &k[c0..], head.t());
             softmax_rows(p, bias, &limits, t);
-            matmul(&mut o[c0..], head, false, p, square, &v[c0..], head);
+            matmul(&mut o[c0..], head, false, p, square, &v[c0..], head_v);
         }
     });
     Saved { q, k, probs, out }
@@ -97,48 +93,32 @@ simd_fn! {
     }
 }
 
-/// Gradients of the three projected inputs.
-pub struct Grads {
-    pub q: Vec<f32>,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-}
-
-/// Backward pass from `grad_out: [B·T, D]`.
-pub fn backward(x: &Inputs, saved: &Saved, grad_out: &[f32], dims: Dims) -> Grads {
+/// Backward pass from `grad_out: [B·T, D]`: the gradient of `qkv`, `[B·T, 3D]`.
+pub fn backward(x: &Inputs, saved: &Saved, grad_out: &[f32], dims: Dims) -> Vec<f32> {
     let Dims { batch, t, heads, dh } = dims;
     let d = dims.d();
-    let rows = batch * t;
-    let mut dq = vec![0.0; rows * d];
-    let mut dk = vec![0.0; rows * d];
-    let mut dv = vec![0.0; rows * d];
-    (dq.par_chunks_mut(t * d), dk.par_chunks_mut(t * d), dv.par_chunks_mut(t * d)).into_par_iter().enumerate().for_each(|(b, (dq, dk, dv))| {
+    let mut grad = vec![0.0; batch * t * 3 * d];
+    grad.par_chunks_mut(t * 3 * d).enumerate().for_each(|(b, grad)| {
         let r = b * t * d..(b + 1) * t * d;
         let limits = key_limits(&x.bias[b * t * t..(b + 1) * t * t], t);
-        let (q, k, v, out, go) = (&saved.q[r.clone()], &saved.k[r.clone()], &x.v[r.clone()], &saved.out[r.clone()], &grad_out[r]);
-        let head = View::rows(t, dh, d);
-        let square = View::rows(t, t, t);
-        let mut ds = vec![0.0; t * t];
+        let v = &x.qkv[b * t * 3 * d + 2 * d..(b + 1) * t * 3 * d];
+        let (q, k, out, go) = (&saved.q[r.clone()], &saved.k[r.clone()], &saved.out[r.clone()], &grad_out[r.clone()]);
+        let (head, head_v, square) = (View::rows(t, dh, d), View::rows(t, dh, 3 * d), View::rows(t, t, t));
+        let (mut ds, mut dq, mut dk) = (vec![0.0; t * t], vec![0.0; t * d], vec![0.0; t * d]);
         for h in 0..heads {
             let c0 = h * dh;
             let p = &saved.probs[(b * heads + h) * t * t..(b * heads + h + 1) * t * t];
-            matmul(&mut ds, square, false, &go[c0..], head, &v[c0..], head.t());
+            matmul(&mut ds, square, false, &go[c0..], head, &v[c0..], head_v.t());
             softmax_grad_rows(&mut ds, p, &go[c0..], &out[c0..], &limits, t, d, dh);
             matmul(&mut dq[c0..], head, false, &ds, square, &k[c0..], head);
             matmul(&mut dk[c0..], head, false, &ds, square.t(), &q[c0..], head);
-            matmul(&mut dv[c0..], head, false, p, square.t(), &go[c0..], head);
+            matmul(&mut grad[2 * d + c0..], head_v, false, p, square.t(), &go[c0..], head);
         }
+        // Back through the rotation, into the query and key columns.
+        unrotate_rows(grad, 0, &dq, &x.cos[r.clone()], &x.sin[r.clone()], d, dh);
+        unrotate_rows(grad, d, &dk, &x.cos[r.clone()], &x.sin[r], d, dh);
     });
-    // Back through the rotation.
-    let unrotate = |g: &[f32]| -> Vec<f32> {
-        let mut out = vec![0.0; rows * d];
-        out.par_chunks_mut(t * d).enumerate().for_each(|(i, o)| {
-            let r = i * t * d..(i + 1) * t * d;
-            unrotate_rows(o, &g[r.clone()], &x.cos[r.clone()], &x.sin[r], dh);
-        });
-        out
-    };
-    Grads { q: unrotate(&dq), k: unrotate(&dk), v: dv }
+    grad
 }
 
 /// One past the last key each query may see (the bias is −∞ beyond it): the loops stop there,
@@ -148,34 +128,38 @@ fn key_limits(bias: &[f32], t: usize) -> Vec<usize> {
 }
 
 simd_fn! {
-    /// `out = x·cos + rot(x)·sin` on rows of heads of `dh` columns.
-    fn rotate_rows(out: &mut [f32], x: &[f32], cos: &[f32], sin: &[f32], dh: usize) {
+    /// `out = x·cos + rot(x)·sin` on rows of heads of `dh` columns; `x` holds the rows at
+    /// column `offset` of rows three times as wide (the `qkv` layout).
+    fn rotate_rows(out: &mut [f32], qkv: &[f32], offset: usize, cos: &[f32], sin: &[f32], d: usize, dh: usize) {
         let half = dh / 2;
-        for (((o, x), c), s) in out.chunks_exact_mut(dh).zip(x.chunks_exact(dh)).zip(cos.chunks_exact(dh)).zip(sin.chunks_exact(dh)) {
-            let (o_lo, o_hi) = o.split_at_mut(half);
-            let (x_lo, x_hi) = x.split_at(half);
-            let (c_lo, c_hi) = c.split_at(half);
-            let (s_lo, s_hi) = s.split_at(half);
-            for j in 0..half {
-                o_lo[j] = x_lo[j] * c_lo[j] - x_hi[j] * s_lo[j];
-                o_hi[j] = x_hi[j] * c_hi[j] + x_lo[j] * s_hi[j];
+        for (((o, x), c), s) in out.chunks_exact_mut(d).zip(qkv.chunks_exact(3 * d)).zip(cos.chunks_exact(d)).zip(sin.chunks_exact(d)) {
+            let x = &x[offset..offset + d];
+            for (((o, x), c), s) in o.chunks_exact_mut(dh).zip(x.chunks_exact(dh)).zip(c.chunks_exact(dh)).zip(s.chunks_exact(dh)) {
+                let (o_lo, o_hi) = o.split_at_mut(half);
+                let ((x_lo, x_hi), (c_lo, c_hi), (s_lo, s_hi)) = (x.split_at(half), c.split_at(half), s.split_at(half));
+                for j in 0..half {
+                    o_lo[j] = x_lo[j] * c_lo[j] - x_hi[j] * s_lo[j];
+                    o_hi[j] = x_hi[j] * c_hi[j] + x_lo[j] * s_hi[j];
+                }
             }
         }
     }
 }
 
 simd_fn! {
-    /// The transpose of [`rotate_rows`]: the gradient of `x` from the gradient `g` of the output.
-    fn unrotate_rows(out: &mut [f32], g: &[f32], cos: &[f32], sin: &[f32], dh: usize) {
+    /// The transpose of [`rotate_rows`]: the gradient of its input from the gradient `g` of its
+    /// output, written at column `offset` of the `qkv`-layout rows of `out`.
+    fn unrotate_rows(out: &mut [f32], offset: usize, g: &[f32], cos: &[f32], sin: &[f32], d: usize, dh: usize) {
         let half = dh / 2;
-        for (((o, g), c), s) in out.chunks_exact_mut(dh).zip(g.chunks_exact(dh)).zip(cos.chunks_exact(dh)).zip(sin.chunks_exact(dh)) {
-            let (o_lo, o_hi) = o.split_at_mut(half);
-            let (g_lo, g_hi) = g.split_at(half);
-            let (c_lo, c_hi) = c.split_at(half);
-            let (s_lo, s_hi) = s.split_at(half);
-            for j in 0..half {
-                o_lo[j] = g_lo[j] * c_lo[j] + g_hi[j] * s_hi[j];
-                o_hi[j] = g_hi[j] * c_hi[j] - g_lo[j] * s_lo[j];
+        for (((o, g), c), s) in out.chunks_exact_mut(3 * d).zip(g.chunks_exact(d)).zip(cos.chunks_exact(d)).zip(sin.chunks_exact(d)) {
+            let o = &mut o[offset..offset + d];
+            for (((o, g), c), s) in o.chunks_exact_mut(dh).zip(g.chunks_exact(dh)).zip(c.chunks_exact(dh)).zip(s.chunks_exact(dh)) {
+                let (o_lo, o_hi) = o.split_at_mut(half);
+                let ((g_lo, g_hi), (c_lo, c_hi), (s_lo, s_hi)) = (g.split_at(half), c.split_at(half), s.split_at(half));
+                for j in 0..half {
+                    o_lo[j] = g_lo[j] * c_lo[j] + g_hi[j] * s_hi[j];
+                    o_hi[j] = g_hi[j] * c_hi[j] - g_lo[j] * s_lo[j];
+                }
             }
         }
     }

@@ -17,18 +17,11 @@ use super::pointwise;
 
 #[backend_extension(Flex, Autodiff)]
 pub trait FusedOps: Backend {
-    /// See [`attention::forward`]; `bias: [B, T, T]`, the rest `[B·T, D]`.
-    fn rope_attention(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        heads: usize,
-    ) -> FloatTensor<Self>;
-    /// `silu(a)·b`.
-    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// See [`attention::forward`]: `qkv: [B·T, 3D]`, `cos`, `sin: [B·T, D]`, `bias: [B, T, T]`;
+    /// returns `[B·T, D]`.
+    fn rope_attention(qkv: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, bias: FloatTensor<Self>, heads: usize) -> FloatTensor<Self>;
+    /// `silu(a)·b` for rows `[a, b]` of `gu: [N, 2F]`; returns `[N, F]`.
+    fn swiglu(gu: FloatTensor<Self>) -> FloatTensor<Self>;
     /// RMSNorm of the rows of `x: [N, D]` with gain `gamma: [D]`.
     fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f32) -> FloatTensor<Self>;
     /// `[N]` log-probabilities of `targets` under `softmax(logits·scale + mask)`, rows `[N, V]`.
@@ -51,38 +44,41 @@ fn tensor(v: Vec<f32>, shape: Shape) -> FlexTensor {
 /// The attention inputs, made contiguous, in [`attention::Inputs`] order.
 #[derive(Clone)]
 struct AttentionArgs {
-    tensors: [FlexTensor; 6],
+    tensors: [FlexTensor; 4],
     dims: Dims,
 }
 
 impl AttentionArgs {
-    fn new(t: [FlexTensor; 6], heads: usize) -> Self {
+    fn new(t: [FlexTensor; 4], heads: usize) -> Self {
         let tensors = t.map(contiguous);
-        let [rows, d] = tensors[0].shape().dims::<2>();
-        let [batch, t, _] = tensors[5].shape().dims::<3>();
+        let [rows, d] = tensors[1].shape().dims::<2>();
+        let [batch, t, _] = tensors[3].shape().dims::<3>();
+        assert_eq!(tensors[0].shape().dims::<2>(), [rows, 3 * d], "qkv must be [B·T, 3D]");
         assert_eq!(batch * t, rows, "attention bias must be [B, T, T] for [B·T, D] rows");
         AttentionArgs { tensors, dims: Dims { batch, t, heads, dh: d / heads } }
     }
 
     fn inputs(&self) -> attention::Inputs<'_> {
-        let [q, k, v, cos, sin, bias] = self.tensors.each_ref().map(values);
-        attention::Inputs { q, k, v, cos, sin, bias }
+        let [qkv, cos, sin, bias] = self.tensors.each_ref().map(values);
+        attention::Inputs { qkv, cos, sin, bias }
     }
 
-    fn shape(&self) -> Shape {
-        self.tensors[0].shape()
+    /// `[B·T, D]`, the output's shape.
+    fn out_shape(&self) -> Shape {
+        self.tensors[1].shape()
     }
 }
 
 impl FusedOps for Flex {
-    fn rope_attention(q: FlexTensor, k: FlexTensor, v: FlexTensor, cos: FlexTensor, sin: FlexTensor, bias: FlexTensor, heads: usize) -> FlexTensor {
-        let args = AttentionArgs::new([q, k, v, cos, sin, bias], heads);
-        tensor(attention::forward(&args.inputs(), args.dims).out, args.shape())
+    fn rope_attention(qkv: FlexTensor, cos: FlexTensor, sin: FlexTensor, bias: FlexTensor, heads: usize) -> FlexTensor {
+        let args = AttentionArgs::new([qkv, cos, sin, bias], heads);
+        tensor(attention::forward(&args.inputs(), args.dims).out, args.out_shape())
     }
 
-    fn swiglu(a: FlexTensor, b: FlexTensor) -> FlexTensor {
-        let (a, b) = (contiguous(a), contiguous(b));
-        tensor(pointwise::swiglu_forward(values(&a), values(&b)), a.shape())
+    fn swiglu(gu: FlexTensor) -> FlexTensor {
+        let gu = contiguous(gu);
+        let [n, f2] = gu.shape().dims::<2>();
+        tensor(pointwise::swiglu_forward(values(&gu), f2 / 2), Shape::from(vec![n, f2 / 2]))
     }
 
     fn rms_norm(x: FlexTensor, gamma: FlexTensor, eps: f32) -> FlexTensor {
@@ -114,61 +110,52 @@ impl<T> std::fmt::Debug for Saved<T> {
 }
 
 impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
-    fn rope_attention(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        heads: usize,
-    ) -> FloatTensor<Self> {
+    fn rope_attention(qkv: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, bias: FloatTensor<Self>, heads: usize) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct RopeAttention;
-        impl Backward<Flex, 3> for RopeAttention {
+        impl Backward<Flex, 1> for RopeAttention {
             type State = Saved<(AttentionArgs, attention::Saved)>;
-            fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+            fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
                 let (args, saved) = &*ops.state.0;
                 let g = contiguous(grads.consume::<Flex>(&ops.node));
-                let d = attention::backward(&args.inputs(), saved, values(&g), args.dims);
-                for (parent, grad) in ops.parents.into_iter().zip([d.q, d.k, d.v]) {
-                    if let Some(node) = parent {
-                        grads.register::<Flex>(node.id, tensor(grad, args.shape()));
-                    }
+                let [parent] = ops.parents;
+                if let Some(node) = parent {
+                    let grad = attention::backward(&args.inputs(), saved, values(&g), args.dims);
+                    grads.register::<Flex>(node.id, tensor(grad, args.tensors[0].shape()));
                 }
             }
         }
         // cos, sin and bias are constants (rotary tables, mask): no gradient flows to them.
-        let prims = [&q, &k, &v, &cos, &sin, &bias].map(|t| t.primitive().clone());
+        let prims = [&qkv, &cos, &sin, &bias].map(|t| t.primitive().clone());
         let args = AttentionArgs::new(prims, heads);
         let saved = attention::forward(&args.inputs(), args.dims);
-        let out = tensor(saved.out.clone(), args.shape());
-        match RopeAttention.prepare::<C>([q.node(), k.node(), v.node()]).compute_bound().stateful() {
+        let out = tensor(saved.out.clone(), args.out_shape());
+        match RopeAttention.prepare::<C>([qkv.node()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((args, saved))), out),
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }
 
-    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn swiglu(gu: FloatTensor<Self>) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct Swiglu;
-        impl Backward<Flex, 2> for Swiglu {
-            type State = Saved<(FlexTensor, FlexTensor)>;
-            fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-                let (a, b) = &*ops.state.0;
+        impl Backward<Flex, 1> for Swiglu {
+            type State = Saved<FlexTensor>;
+            fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+                let gu = &*ops.state.0;
                 let g = contiguous(grads.consume::<Flex>(&ops.node));
-                let (da, db) = pointwise::swiglu_backward(values(a), values(b), values(&g));
-                for (parent, grad) in ops.parents.into_iter().zip([da, db]) {
-                    if let Some(node) = parent {
-                        grads.register::<Flex>(node.id, tensor(grad, a.shape()));
-                    }
+                let [parent] = ops.parents;
+                if let Some(node) = parent {
+                    let f = gu.shape().dims::<2>()[1] / 2;
+                    grads.register::<Flex>(node.id, tensor(pointwise::swiglu_backward(values(gu), f, values(&g)), gu.shape()));
                 }
             }
         }
-        let (pa, pb) = (contiguous(a.primitive().clone()), contiguous(b.primitive().clone()));
-        let out = tensor(pointwise::swiglu_forward(values(&pa), values(&pb)), pa.shape());
-        match Swiglu.prepare::<C>([a.node(), b.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((pa, pb))), out),
+        let pgu = contiguous(gu.primitive().clone());
+        let [n, f2] = pgu.shape().dims::<2>();
+        let out = tensor(pointwise::swiglu_forward(values(&pgu), f2 / 2), Shape::from(vec![n, f2 / 2]));
+        match Swiglu.prepare::<C>([gu.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new(pgu)), out),
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }

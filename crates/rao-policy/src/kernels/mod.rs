@@ -51,45 +51,41 @@ pub fn rms_norm(norm: &RmsNorm, x: Tensor<2>) -> Tensor<2> {
     Tensor::from_dispatch(out)
 }
 
-/// `silu(a)·b`.
-pub fn swiglu(a: Tensor<2>, b: Tensor<2>) -> Tensor<2> {
-    if !fused(&a) {
-        return silu(a) * b;
+/// `silu(a)·b` for rows `[a, b]` of `gu: [N, 2F]` (gate and up projections side by side);
+/// returns `[N, F]`.
+pub fn swiglu(gu: Tensor<2>) -> Tensor<2> {
+    if !fused(&gu) {
+        let [n, f2] = gu.dims();
+        let f = f2 / 2;
+        return silu(gu.clone().slice([0..n, 0..f])) * gu.slice([0..n, f..f2]);
     }
-    Tensor::from_dispatch(<Dispatch as FusedOps>::swiglu(a.into_dispatch(), b.into_dispatch()))
+    Tensor::from_dispatch(<Dispatch as FusedOps>::swiglu(gu.into_dispatch()))
 }
 
 /// Multi-head attention over `batch` sequences without a cache, from the projections
-/// `q`, `k`, `v: [B·T, D]`, with rotary positions `x·cos + (x·R)·sin` (`rotate` = R, the
-/// rotate-half permutation; `cos`, `sin: [B·T, D]`) and an additive `bias: [B, 1, T, T]`
-/// (0 or −∞). Returns the heads merged, `[B·T, D]`.
-pub fn rope_attention(
-    [q, k, v]: [Tensor<2>; 3],
-    rotate: &Tensor<2>,
-    (cos, sin): (&Tensor<2>, &Tensor<2>),
-    bias: &Tensor<4>,
-    batch: usize,
-    heads: usize,
-) -> Tensor<2> {
-    let [n, d] = q.dims();
-    let t = n / batch;
-    if !fused(&q) {
+/// `qkv: [B·T, 3D]` (queries, keys, values side by side), with rotary positions
+/// `x·cos + (x·R)·sin` (`rotate` = R, the rotate-half permutation; `cos`, `sin: [B·T, D]`) and an
+/// additive `bias: [B, 1, T, T]` (0 or −∞). Returns the heads merged, `[B·T, D]`.
+pub fn rope_attention(qkv: Tensor<2>, rotate: &Tensor<2>, (cos, sin): (&Tensor<2>, &Tensor<2>), bias: &Tensor<4>, batch: usize, heads: usize) -> Tensor<2> {
+    let [n, d3] = qkv.dims();
+    let (d, t) = (d3 / 3, n / batch);
+    if !fused(&qkv) {
+        let [q, k, v] = split_qkv(qkv);
         let rope = |x: Tensor<2>| x.clone() * cos.clone() + x.matmul(rotate.clone()) * sin.clone();
         let split = |y: Tensor<2>| y.reshape([batch, t, heads, d / heads]).swap_dims(1, 2);
         let scores = split(rope(q)).matmul(split(rope(k)).swap_dims(2, 3)) + bias.clone();
         return softmax(scores, 3).matmul(split(v)).swap_dims(1, 2).reshape([n, d]);
     }
     let bias = bias.clone().reshape([batch, t, t]);
-    let out = <Dispatch as FusedOps>::rope_attention(
-        q.into_dispatch(),
-        k.into_dispatch(),
-        v.into_dispatch(),
-        cos.clone().into_dispatch(),
-        sin.clone().into_dispatch(),
-        bias.into_dispatch(),
-        heads,
-    );
+    let out = <Dispatch as FusedOps>::rope_attention(qkv.into_dispatch(), cos.clone().into_dispatch(), sin.clone().into_dispatch(), bias.into_dispatch(), heads);
     Tensor::from_dispatch(out)
+}
+
+/// `[B·T, 3D]` → queries, keys, values.
+pub fn split_qkv(qkv: Tensor<2>) -> [Tensor<2>; 3] {
+    let [n, d3] = qkv.dims();
+    let d = d3 / 3;
+    [0, 1, 2].map(|i| qkv.clone().slice([0..n, i * d..(i + 1) * d]))
 }
 
 /// Log-probabilities `[B, T]` of `targets` under `softmax(logits / temperature + mask)`, with

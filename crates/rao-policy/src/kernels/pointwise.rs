@@ -9,35 +9,42 @@ use super::simd::{dot, exp_shifted, max, sigmoid, simd_fn};
 /// Rows per parallel task: large enough that the hand-off costs little next to the work.
 const CHUNK_ROWS: usize = 64;
 
-/// `silu(a)·b` (element-wise).
-pub fn swiglu_forward(a: &[f32], b: &[f32]) -> Vec<f32> {
-    let mut out = vec![0.0; a.len()];
-    let chunk = chunk_len(a.len());
-    (out.par_chunks_mut(chunk), a.par_chunks(chunk), b.par_chunks(chunk)).into_par_iter().for_each(|(o, a, b)| swiglu_rows(o, a, b));
+/// `silu(a)·b` for rows `[a, b]` of `gu: [N, 2F]` (gate and up projections side by side, as one
+/// projection makes them); returns `[N, F]`.
+pub fn swiglu_forward(gu: &[f32], f: usize) -> Vec<f32> {
+    let mut out = vec![0.0; gu.len() / 2];
+    (out.par_chunks_mut(CHUNK_ROWS * f), gu.par_chunks(CHUNK_ROWS * 2 * f)).into_par_iter().for_each(|(o, gu)| {
+        for (o, gu) in o.chunks_exact_mut(f).zip(gu.chunks_exact(2 * f)) {
+            let (a, b) = gu.split_at(f);
+            swiglu_row(o, a, b);
+        }
+    });
     out
 }
 
 simd_fn! {
-    fn swiglu_rows(o: &mut [f32], a: &[f32], b: &[f32]) {
+    fn swiglu_row(o: &mut [f32], a: &[f32], b: &[f32]) {
         for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
             *o = a * sigmoid(a) * b;
         }
     }
 }
 
-/// Gradients of `silu(a)·b` with respect to `a` and `b`.
-pub fn swiglu_backward(a: &[f32], b: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let mut da = vec![0.0; a.len()];
-    let mut db = vec![0.0; a.len()];
-    let chunk = chunk_len(a.len());
-    (da.par_chunks_mut(chunk), db.par_chunks_mut(chunk), a.par_chunks(chunk), b.par_chunks(chunk), g.par_chunks(chunk))
-        .into_par_iter()
-        .for_each(|(da, db, a, b, g)| swiglu_grad_rows(da, db, a, b, g));
-    (da, db)
+/// Gradient of [`swiglu_forward`] with respect to `gu`, from the output's gradient `g: [N, F]`.
+pub fn swiglu_backward(gu: &[f32], f: usize, g: &[f32]) -> Vec<f32> {
+    let mut dgu = vec![0.0; gu.len()];
+    (dgu.par_chunks_mut(CHUNK_ROWS * 2 * f), gu.par_chunks(CHUNK_ROWS * 2 * f), g.par_chunks(CHUNK_ROWS * f)).into_par_iter().for_each(|(dgu, gu, g)| {
+        for ((dgu, gu), g) in dgu.chunks_exact_mut(2 * f).zip(gu.chunks_exact(2 * f)).zip(g.chunks_exact(f)) {
+            let (da, db) = dgu.split_at_mut(f);
+            let (a, b) = gu.split_at(f);
+            swiglu_grad_row(da, db, a, b, g);
+        }
+    });
+    dgu
 }
 
 simd_fn! {
-    fn swiglu_grad_rows(da: &mut [f32], db: &mut [f32], a: &[f32], b: &[f32], g: &[f32]) {
+    fn swiglu_grad_row(da: &mut [f32], db: &mut [f32], a: &[f32], b: &[f32], g: &[f32]) {
         for ((da, db), ((&a, &b), &g)) in da.iter_mut().zip(db.iter_mut()).zip(a.iter().zip(b).zip(g)) {
             let s = sigmoid(a);
             *db = g * a * s;
@@ -45,10 +52,6 @@ simd_fn! {
             *da = g * b * s * (1.0 + a * (1.0 - s));
         }
     }
-}
-
-fn chunk_len(n: usize) -> usize {
-    n.div_ceil(rayon::current_num_threads() * 4).max(4096)
 }
 
 /// RMSNorm over rows of `d`: `y = x / sqrt(mean(x²) + eps) · gamma`; also returns each row's
