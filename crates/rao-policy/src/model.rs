@@ -156,7 +156,7 @@ impl Block {
         let (t, h) = (n / b, self.n_heads);
         let dh = d / h;
         let hx = kernels::rms_norm(&self.norm_attn, x.clone());
-        let qkv = hx.matmul(fused.qkv.clone());
+        let qkv = kernels::linear(hx, fused.qkv.clone());
         let merged = match cache {
             None => kernels::rope_attention(qkv, rotate, (cos, sin), bias, b, h),
             Some(slot) => {
@@ -173,10 +173,10 @@ impl Block {
                 softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([n, d])
             }
         };
-        let x = x + merged.matmul(self.wo.weight.val());
+        let x = x + kernels::linear(merged, self.wo.weight.val());
         let hm = kernels::rms_norm(&self.norm_mlp, x.clone());
-        let gated = kernels::swiglu(hm.matmul(fused.gate_up.clone()));
-        x + gated.matmul(self.down.weight.val())
+        let gated = kernels::swiglu(kernels::linear(hm, fused.gate_up.clone()));
+        x + kernels::linear(gated, self.down.weight.val())
     }
 }
 
@@ -237,7 +237,7 @@ impl Transformer {
         let rope = rope_tables(positions, self.n_heads, d / self.n_heads, self.rope_theta, &device);
         let mut x = self.embed.forward(tokens).reshape([b * t, d]);
         if let Some(mix) = &self.prev_mix {
-            x = x + self.embed.forward(prev).reshape([b * t, d]).matmul(mix.weight.val());
+            x = x + kernels::linear(self.embed.forward(prev).reshape([b * t, d]), mix.weight.val());
         }
         if let Some(c) = cache.as_deref_mut() {
             if c.layers.is_empty() {
@@ -251,7 +251,7 @@ impl Transformer {
         // Tied embeddings: logits = h · Eᵀ.
         let w = self.embed.weight.val();
         let vocab = w.dims()[0];
-        kernels::rms_norm(&self.norm, x).matmul(w.transpose()).reshape([b, t, vocab])
+        kernels::linear(kernels::rms_norm(&self.norm, x), w.transpose()).reshape([b, t, vocab])
     }
 
     pub fn num_params(&self) -> usize {

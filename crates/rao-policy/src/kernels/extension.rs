@@ -13,6 +13,7 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Flex, Shape, TensorData, TensorMetadata, backend_extension};
 
 use super::attention::{self, Dims};
+use super::gemm::{View, product};
 use super::pointwise;
 
 #[backend_extension(Flex, Autodiff)]
@@ -24,6 +25,8 @@ pub trait FusedOps: Backend {
     fn swiglu(gu: FloatTensor<Self>) -> FloatTensor<Self>;
     /// RMSNorm of the rows of `x: [N, D]` with gain `gamma: [D]`.
     fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f32) -> FloatTensor<Self>;
+    /// `x·w` for `x: [N, D]`, `w: [D, F]`.
+    fn linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self>;
     /// `[N]` log-probabilities of `targets` under `softmax(logits·scale + mask)`, rows `[N, V]`.
     fn token_logprobs(logits: FloatTensor<Self>, mask: FloatTensor<Self>, targets: Vec<usize>, scale: f32) -> FloatTensor<Self>;
 }
@@ -84,6 +87,12 @@ impl FusedOps for Flex {
     fn rms_norm(x: FlexTensor, gamma: FlexTensor, eps: f32) -> FlexTensor {
         let (x, gamma) = (contiguous(x), contiguous(gamma));
         tensor(pointwise::rms_norm_forward(values(&x), values(&gamma), eps).0, x.shape())
+    }
+
+    fn linear(x: FlexTensor, w: FlexTensor) -> FlexTensor {
+        let (x, w) = (contiguous(x), contiguous(w));
+        let ([n, d], [_, f]) = (x.shape().dims::<2>(), w.shape().dims::<2>());
+        tensor(product(values(&x), View::rows(n, d, d), values(&w), View::rows(d, f, f)), Shape::from(vec![n, f]))
     }
 
     fn token_logprobs(logits: FlexTensor, mask: FlexTensor, targets: Vec<usize>, scale: f32) -> FlexTensor {
@@ -183,6 +192,36 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
         let out = tensor(y, px.shape());
         match RmsNorm.prepare::<C>([x.node(), gamma.node()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((px, pg, inv))), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    fn linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct Linear;
+        impl Backward<Flex, 2> for Linear {
+            type State = Saved<(FlexTensor, FlexTensor)>;
+            fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+                let (x, w) = &*ops.state.0;
+                let g = contiguous(grads.consume::<Flex>(&ops.node));
+                let ([n, d], [_, f]) = (x.shape().dims::<2>(), w.shape().dims::<2>());
+                let [px, pw] = ops.parents;
+                if let Some(node) = px {
+                    // dx = g·wᵀ
+                    let dx = product(values(&g), View::rows(n, f, f), values(w), View::rows(d, f, f).t());
+                    grads.register::<Flex>(node.id, tensor(dx, x.shape()));
+                }
+                if let Some(node) = pw {
+                    // dw = xᵀ·g
+                    let dw = product(values(x), View::rows(n, d, d).t(), values(&g), View::rows(n, f, f));
+                    grads.register::<Flex>(node.id, tensor(dw, w.shape()));
+                }
+            }
+        }
+        let (px, pw) = (contiguous(x.primitive().clone()), contiguous(w.primitive().clone()));
+        let out = <Flex as FusedOps>::linear(px.clone(), pw.clone());
+        match Linear.prepare::<C>([x.node(), w.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((px, pw))), out),
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }

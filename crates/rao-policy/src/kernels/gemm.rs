@@ -1,5 +1,6 @@
-//! Safe strided matrix products for the kernels, single-threaded (the kernels parallelise over
-//! sequences), through the `gemm` crate's vectorised microkernels.
+//! Safe strided matrix products for the kernels through the `gemm` crate's vectorised
+//! microkernels: [`matmul`] single-threaded into a given buffer (the attention kernel parallelises
+//! over sequences), [`product`] into a fresh buffer on all threads (the linear layers).
 
 /// A matrix inside a slice: element `(r, c)` at index `r·rs + c·cs`.
 #[derive(Clone, Copy, Debug)]
@@ -56,6 +57,47 @@ pub fn matmul(dst: &mut [f32], dv: View, accumulate: bool, lhs: &[f32], lv: View
     }
 }
 
+/// `lhs·rhs` as a new row-major `[lhs.rows, rhs.cols]` buffer, on all threads when it is large.
+/// The buffer is not zeroed first: gemm writes every element (it does not read the destination).
+pub fn product(lhs: &[f32], lv: View, rhs: &[f32], rv: View) -> Vec<f32> {
+    assert!(lv.cols == rv.rows, "product shapes {lv:?}·{rv:?}");
+    assert!(lv.fits(lhs.len()) && rv.fits(rhs.len()), "product view out of bounds");
+    let (m, n, k) = (lv.rows, rv.cols, lv.cols);
+    if m == 0 || n == 0 || k == 0 {
+        return vec![0.0; m * n];
+    }
+    let parallelism = if m * n * k >= 1 << 18 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+    let mut out: Vec<f32> = Vec::with_capacity(m * n);
+    // SAFETY: the views lie inside their slices (checked), `out` has room for m·n elements and is
+    // written through a raw pointer only; with `read_dst = false` gemm stores every element of
+    // the m×n destination, so all of them are initialised before `set_len`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.as_ptr(),
+            lv.cs as isize,
+            lv.rs as isize,
+            rhs.as_ptr(),
+            rv.cs as isize,
+            rv.rs as isize,
+            0.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+        out.set_len(m * n);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,5 +112,6 @@ mod tests {
         assert_eq!(dst, [7.0, 5.0, 16.0, 11.0]);
         matmul(&mut dst, View::rows(2, 2, 2), true, &lhs, View::rows(2, 3, 4), &rhs_t, View::rows(2, 3, 3).t());
         assert_eq!(dst, [14.0, 10.0, 32.0, 22.0]);
+        assert_eq!(product(&lhs, View::rows(2, 3, 4), &rhs_t, View::rows(2, 3, 3).t()), vec![7.0, 5.0, 16.0, 11.0]);
     }
 }

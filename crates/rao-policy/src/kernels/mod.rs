@@ -88,6 +88,15 @@ pub fn split_qkv(qkv: Tensor<2>) -> [Tensor<2>; 3] {
     [0, 1, 2].map(|i| qkv.clone().slice([0..n, i * d..(i + 1) * d]))
 }
 
+/// `x·w` for `x: [N, D]`, `w: [D, F]` (the fused path allocates its output without zeroing it,
+/// where Flex's matmul zeroes and then copies it to realign it).
+pub fn linear(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    if !fused(&x) {
+        return x.matmul(w);
+    }
+    Tensor::from_dispatch(<Dispatch as FusedOps>::linear(x.into_dispatch(), w.into_dispatch()))
+}
+
 /// Log-probabilities `[B, T]` of `targets` under `softmax(logits / temperature + mask)`, with
 /// `logits` and `mask: [B, T, V]`. `target_ids` holds the same targets, row-major, for the fused
 /// kernel (which reads them on the host).
