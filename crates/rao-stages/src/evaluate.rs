@@ -124,7 +124,7 @@ pub struct Evaluate;
 impl TypedStage for Evaluate {
     type Params = EvaluateParams;
     const NAME: &'static str = "evaluate";
-    const VERSION: u32 = 4; // 2: mean root score column; any environment; 3: fused projections; 4: expert recovery
+    const VERSION: u32 = 5; // 2: mean root score column; any environment; 3: fused projections; 4: expert recovery; 5: fused CPU kernels
     const DESCRIBE: &'static str = "held-out success per band (with 95% CI), tree shape, cost and wall-clock; Parquet + HTML report";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "checkpoint", required: false }];
     const OUTPUTS: &'static [&'static str] = &["report"];

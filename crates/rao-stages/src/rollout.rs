@@ -228,7 +228,7 @@ pub struct Rollout;
 impl TypedStage for Rollout {
     type Params = RolloutParams;
     const NAME: &'static str = "rollout";
-    const VERSION: u32 = 3; // 2: fused projections in the model (new float rounding); 3: expert recovery
+    const VERSION: u32 = 4; // 2: fused projections in the model (new float rounding); 3: expert recovery; 4: fused CPU kernels
     const DESCRIBE: &'static str = "run G execution trees per task with a policy; writes the node table (Parquet)";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "checkpoint", required: false }];
     const OUTPUTS: &'static [&'static str] = &["trees"];

@@ -65,7 +65,7 @@ pub struct Update;
 impl TypedStage for Update {
     type Params = UpdateParams;
     const NAME: &'static str = "update";
-    const VERSION: u32 = 3; // 2: Burn-record checkpoints; 3: fused projections (new float rounding)
+    const VERSION: u32 = 4; // 2: Burn-record checkpoints; 3: fused projections (new float rounding); 4: fused CPU kernels
     const DESCRIBE: &'static str = "policy-gradient step (CISPO / REINFORCE / PPO-clip) on weighted trees; checkpoint k → k+1";
     const INPUTS: &'static [InputDecl] = &[
         InputDecl { name: "checkpoint", required: true },

@@ -165,8 +165,8 @@ impl TypedStage for Warmstart {
     // 2: Burn-record checkpoints, noise actions name only items in context; 3: tier shifts;
     // 4: any environment (long-document and multi-hop demonstrations have their names permuted);
     // 5: fused projections in the model (same maths, new float rounding); 6: the expert
-    // re-delegates what a refused craft reports missing
-    const VERSION: u32 = 6;
+    // re-delegates what a refused craft reports missing; 7: fused CPU kernels (new float rounding)
+    const VERSION: u32 = 7;
     const DESCRIBE: &'static str = "supervised warm start on noisy expert demonstrations, gated on held-out node success";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "gate_tasks", required: true }];
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
