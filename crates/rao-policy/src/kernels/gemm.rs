@@ -28,16 +28,49 @@ impl View {
 
 /// `dst = lhs·rhs`, or `dst += lhs·rhs` when `accumulate`.
 pub fn matmul(dst: &mut [f32], dv: View, accumulate: bool, lhs: &[f32], lv: View, rhs: &[f32], rv: View) {
+    assert!(dv.fits(dst.len()), "matmul destination out of bounds");
+    // SAFETY: `dst` holds the destination view (checked) and is borrowed mutably, so it does not
+    // alias the inputs.
+    unsafe { gemm_into(dst.as_mut_ptr(), dv, accumulate, lhs, lv, rhs, rv, gemm::Parallelism::None) }
+}
+
+/// `lhs·rhs` as a new row-major `[lhs.rows, rhs.cols]` buffer, on all threads when it is large.
+/// The buffer is not zeroed first: gemm writes every element (it does not read the destination).
+pub fn product(lhs: &[f32], lv: View, rhs: &[f32], rv: View) -> Vec<f32> {
+    let (m, n, k) = (lv.rows, rv.cols, lv.cols);
+    if m == 0 || n == 0 || k == 0 {
+        return vec![0.0; m * n];
+    }
+    let parallelism = if m * n * k >= 1 << 18 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+    let mut out: Vec<f32> = Vec::with_capacity(m * n);
+    // SAFETY: `out` has room for the m×n row-major destination and is written through the raw
+    // pointer only; with `accumulate = false` gemm stores every element without reading any, so
+    // all of them are initialised before `set_len`.
+    unsafe {
+        gemm_into(out.as_mut_ptr(), View::rows(m, n, n), false, lhs, lv, rhs, rv, parallelism);
+        out.set_len(m * n);
+    }
+    out
+}
+
+/// The one call into gemm. Checks the shapes and the input views.
+///
+/// # Safety
+/// `dst` must be valid for writes (and, with `accumulate`, reads) at every index of `dv`, and
+/// must not alias `lhs` or `rhs`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_into(dst: *mut f32, dv: View, accumulate: bool, lhs: &[f32], lv: View, rhs: &[f32], rv: View, parallelism: gemm::Parallelism) {
     assert!(dv.rows == lv.rows && dv.cols == rv.cols && lv.cols == rv.rows, "matmul shapes {dv:?} = {lv:?}·{rv:?}");
-    assert!(dv.fits(dst.len()) && lv.fits(lhs.len()) && rv.fits(rhs.len()), "matmul view out of bounds");
-    // SAFETY: the views were checked to lie inside their slices, `dst` is borrowed mutably (so it
-    // does not alias the inputs), and f32 is a type gemm supports.
+    assert!(lv.fits(lhs.len()) && rv.fits(rhs.len()), "matmul input view out of bounds");
+    // SAFETY: the caller vouches for `dst`; the inputs lie inside their slices (checked above);
+    // f32 is a type gemm supports. gemm computes dst = α·dst + β·lhs·rhs (α only read when
+    // `accumulate`).
     unsafe {
         gemm::gemm(
             dv.rows,
             dv.cols,
             lv.cols,
-            dst.as_mut_ptr(),
+            dst,
             dv.cs as isize,
             dv.rs as isize,
             accumulate,
@@ -52,50 +85,9 @@ pub fn matmul(dst: &mut [f32], dv: View, accumulate: bool, lhs: &[f32], lv: View
             false,
             false,
             false,
-            gemm::Parallelism::None,
-        );
-    }
-}
-
-/// `lhs·rhs` as a new row-major `[lhs.rows, rhs.cols]` buffer, on all threads when it is large.
-/// The buffer is not zeroed first: gemm writes every element (it does not read the destination).
-pub fn product(lhs: &[f32], lv: View, rhs: &[f32], rv: View) -> Vec<f32> {
-    assert!(lv.cols == rv.rows, "product shapes {lv:?}·{rv:?}");
-    assert!(lv.fits(lhs.len()) && rv.fits(rhs.len()), "product view out of bounds");
-    let (m, n, k) = (lv.rows, rv.cols, lv.cols);
-    if m == 0 || n == 0 || k == 0 {
-        return vec![0.0; m * n];
-    }
-    let parallelism = if m * n * k >= 1 << 18 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
-    let mut out: Vec<f32> = Vec::with_capacity(m * n);
-    // SAFETY: the views lie inside their slices (checked), `out` has room for m·n elements and is
-    // written through a raw pointer only; with `read_dst = false` gemm stores every element of
-    // the m×n destination, so all of them are initialised before `set_len`.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            lhs.as_ptr(),
-            lv.cs as isize,
-            lv.rs as isize,
-            rhs.as_ptr(),
-            rv.cs as isize,
-            rv.rs as isize,
-            0.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
             parallelism,
         );
-        out.set_len(m * n);
     }
-    out
 }
 
 #[cfg(test)]
