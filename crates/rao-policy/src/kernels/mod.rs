@@ -1,7 +1,8 @@
-//! Fused CPU kernels for the policy's hot spots (attention with rotary positions, SwiGLU,
-//! RMSNorm, target log-probabilities), each with a handwritten backward pass, plugged into Burn
-//! as a backend extension for the Flex CPU backend. Burn's decomposed ops ran these as 5–10
-//! separate passes with a fresh buffer each, plus head split/merge copies (BENCHMARKS.md, issue 4).
+//! Fused CPU kernels for the policy's hot spots (attention with rotary positions, linear layers,
+//! SwiGLU, RMSNorm, target log-probabilities), each with a handwritten backward pass, plugged
+//! into Burn as a backend extension for the Flex CPU backend. Burn's decomposed ops ran these as
+//! 5–10 separate passes with a fresh (zeroed, then realigned) buffer each, plus head split/merge
+//! copies; the update step is 2.2–2.8× faster through the kernels (BENCHMARKS.md, session 7).
 //!
 //! The functions here pick the path per tensor: the fused kernels on Flex (with or without
 //! autodiff), the decomposed Burn ops on every other backend (wgpu) or when [`set_enabled`] (or
