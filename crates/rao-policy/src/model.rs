@@ -4,10 +4,10 @@
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig, SwiGlu, SwiGluConfig};
 use burn::tensor::activation::softmax;
-
-use crate::kernels;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
+
+use crate::kernels;
 
 /// Sizes of the policy (set from the pipeline file).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -161,9 +161,8 @@ impl Block {
             None => kernels::rope_attention(qkv, rotate, (cos, sin), bias, b, h),
             Some(slot) => {
                 let [q, k, v] = kernels::split_qkv(qkv);
-                let rope = |x: Tensor<2>| x.clone() * cos.clone() + x.matmul(rotate.clone()) * sin.clone();
                 let heads = |y: Tensor<2>| y.reshape([b, t, h, dh]).swap_dims(1, 2);
-                let (q, mut k, mut v) = (heads(rope(q)), heads(rope(k)), heads(v));
+                let (q, mut k, mut v) = (heads(kernels::rope(q, rotate, (cos, sin))), heads(kernels::rope(k, rotate, (cos, sin))), heads(v));
                 if let Some((pk, pv)) = slot.take() {
                     k = Tensor::cat(vec![pk, k], 2);
                     v = Tensor::cat(vec![pv, v], 2);

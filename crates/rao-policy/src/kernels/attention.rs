@@ -33,18 +33,18 @@ pub struct Inputs<'a> {
     pub bias: &'a [f32],
 }
 
-/// What the backward pass needs besides the inputs: the rotated queries and keys (`[B·T, D]`),
-/// the attention probabilities (`[B, H, T, T]`) and the output (`[B·T, D]`).
+/// What the backward pass needs besides the inputs and the output: the rotated queries and keys
+/// (`[B·T, D]`) and the attention probabilities (`[B, H, T, T]`).
 pub struct Saved {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub probs: Vec<f32>,
-    pub out: Vec<f32>,
 }
 
 /// `out = softmax(q̃·k̃ᵀ + bias)·v` per head, with rotary positions `q̃ = q·cos + rot(q)·sin`
-/// (`rot`: each head's halves `[x₁, x₂] → [−x₂, x₁]`), the same for `k̃`.
-pub fn forward(x: &Inputs, dims: Dims) -> Saved {
+/// (`rot`: each head's halves `[x₁, x₂] → [−x₂, x₁]`), the same for `k̃`. Returns `out`
+/// (`[B·T, D]`) and what the backward pass needs.
+pub fn forward(x: &Inputs, dims: Dims) -> (Vec<f32>, Saved) {
     let Dims { batch, t, heads, dh } = dims;
     let d = dims.d();
     let rotate = |offset: usize| -> Vec<f32> {
@@ -71,7 +71,7 @@ pub fn forward(x: &Inputs, dims: Dims) -> Saved {
             matmul(&mut o[c0..], head, false, p, square, &v[c0..], head_v);
         }
     });
-    Saved { q, k, probs, out }
+    (out, Saved { q, k, probs })
 }
 
 simd_fn! {
@@ -93,8 +93,9 @@ simd_fn! {
     }
 }
 
-/// Backward pass from `grad_out: [B·T, D]`: the gradient of `qkv`, `[B·T, 3D]`.
-pub fn backward(x: &Inputs, saved: &Saved, grad_out: &[f32], dims: Dims) -> Vec<f32> {
+/// Backward pass from the forward's output `out` and its gradient `grad_out` (both `[B·T, D]`):
+/// the gradient of `qkv`, `[B·T, 3D]`.
+pub fn backward(x: &Inputs, saved: &Saved, out: &[f32], grad_out: &[f32], dims: Dims) -> Vec<f32> {
     let Dims { batch, t, heads, dh } = dims;
     let d = dims.d();
     let mut grad = vec![0.0; batch * t * 3 * d];
@@ -102,7 +103,7 @@ pub fn backward(x: &Inputs, saved: &Saved, grad_out: &[f32], dims: Dims) -> Vec<
         let r = b * t * d..(b + 1) * t * d;
         let limits = key_limits(&x.bias[b * t * t..(b + 1) * t * t], t);
         let v = &x.qkv[b * t * 3 * d + 2 * d..(b + 1) * t * 3 * d];
-        let (q, k, out, go) = (&saved.q[r.clone()], &saved.k[r.clone()], &saved.out[r.clone()], &grad_out[r.clone()]);
+        let (q, k, out, go) = (&saved.q[r.clone()], &saved.k[r.clone()], &out[r.clone()], &grad_out[r.clone()]);
         let (head, head_v, square) = (View::rows(t, dh, d), View::rows(t, dh, 3 * d), View::rows(t, t, t));
         let (mut ds, mut dq, mut dk) = (vec![0.0; t * t], vec![0.0; t * d], vec![0.0; t * d]);
         for h in 0..heads {

@@ -75,7 +75,7 @@ impl AttentionArgs {
 impl FusedOps for Flex {
     fn rope_attention(qkv: FlexTensor, cos: FlexTensor, sin: FlexTensor, bias: FlexTensor, heads: usize) -> FlexTensor {
         let args = AttentionArgs::new([qkv, cos, sin, bias], heads);
-        tensor(attention::forward(&args.inputs(), args.dims).out, args.out_shape())
+        tensor(attention::forward(&args.inputs(), args.dims).0, args.out_shape())
     }
 
     fn swiglu(gu: FlexTensor) -> FlexTensor {
@@ -123,13 +123,13 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
         #[derive(Debug)]
         struct RopeAttention;
         impl Backward<Flex, 1> for RopeAttention {
-            type State = Saved<(AttentionArgs, attention::Saved)>;
+            type State = Saved<(AttentionArgs, attention::Saved, FlexTensor)>;
             fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-                let (args, saved) = &*ops.state.0;
+                let (args, saved, out) = &*ops.state.0;
                 let g = contiguous(grads.consume::<Flex>(&ops.node));
                 let [parent] = ops.parents;
                 if let Some(node) = parent {
-                    let grad = attention::backward(&args.inputs(), saved, values(&g), args.dims);
+                    let grad = attention::backward(&args.inputs(), saved, values(out), values(&g), args.dims);
                     grads.register::<Flex>(node.id, tensor(grad, args.tensors[0].shape()));
                 }
             }
@@ -137,10 +137,11 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
         // cos, sin and bias are constants (rotary tables, mask): no gradient flows to them.
         let prims = [&qkv, &cos, &sin, &bias].map(|t| t.primitive().clone());
         let args = AttentionArgs::new(prims, heads);
-        let saved = attention::forward(&args.inputs(), args.dims);
-        let out = tensor(saved.out.clone(), args.out_shape());
+        let (out, saved) = attention::forward(&args.inputs(), args.dims);
+        let out = tensor(out, args.out_shape());
         match RopeAttention.prepare::<C>([qkv.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((args, saved))), out),
+            // The state shares the output's buffer (a FlexTensor clone is a reference count).
+            OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((args, saved, out.clone()))), out),
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }

@@ -72,14 +72,19 @@ pub fn rope_attention(qkv: Tensor<2>, rotate: &Tensor<2>, (cos, sin): (&Tensor<2
     let (d, t) = (d3 / 3, n / batch);
     if !fused(&qkv) {
         let [q, k, v] = split_qkv(qkv);
-        let rope = |x: Tensor<2>| x.clone() * cos.clone() + x.matmul(rotate.clone()) * sin.clone();
         let split = |y: Tensor<2>| y.reshape([batch, t, heads, d / heads]).swap_dims(1, 2);
-        let scores = split(rope(q)).matmul(split(rope(k)).swap_dims(2, 3)) + bias.clone();
+        let scores = split(rope(q, rotate, (cos, sin))).matmul(split(rope(k, rotate, (cos, sin))).swap_dims(2, 3)) + bias.clone();
         return softmax(scores, 3).matmul(split(v)).swap_dims(1, 2).reshape([n, d]);
     }
     let bias = bias.clone().reshape([batch, t, t]);
     let out = <Dispatch as FusedOps>::rope_attention(qkv.into_dispatch(), cos.clone().into_dispatch(), sin.clone().into_dispatch(), bias.into_dispatch(), heads);
     Tensor::from_dispatch(out)
+}
+
+/// Rotary positions with Burn's ops: `x·cos + (x·R)·sin` (`rotate` = R, the rotate-half
+/// permutation), for the decomposed path and the sampler's cached one.
+pub fn rope(x: Tensor<2>, rotate: &Tensor<2>, (cos, sin): (&Tensor<2>, &Tensor<2>)) -> Tensor<2> {
+    x.clone() * cos.clone() + x.matmul(rotate.clone()) * sin.clone()
 }
 
 /// `[B·T, 3D]` → queries, keys, values.
