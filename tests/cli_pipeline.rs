@@ -171,7 +171,10 @@ fn checked_in_schema_matches_the_binary() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let o = rao(&["schema"], &root);
     let have = std::fs::read_to_string(root.join("schemas/pipeline.schema.json")).unwrap();
-    assert!(String::from_utf8_lossy(&o.stdout) == have, "schemas/pipeline.schema.json is out of date: regenerate it with `cargo run -- schema > schemas/pipeline.schema.json`");
+    assert!(
+        String::from_utf8_lossy(&o.stdout) == have,
+        "schemas/pipeline.schema.json is out of date: regenerate it with `cargo run -- schema > schemas/pipeline.schema.json`"
+    );
 }
 
 #[test]
@@ -215,7 +218,10 @@ fn the_other_regimes_run_through_the_same_stages() {
     assert!(first.status.success(), "{}", text(&first));
     let report = text(&rao(&["report", "r.yaml"], dir.path()));
     let row = |label: &str, mode: &str, band: &str| -> Vec<String> {
-        let line = report.lines().find(|l| l.split_whitespace().take(3).collect::<Vec<_>>() == [label, mode, band]).unwrap_or_else(|| panic!("no row {label} {mode} {band}:\n{report}"));
+        let line = report
+            .lines()
+            .find(|l| l.split_whitespace().take(3).collect::<Vec<_>>() == [label, mode, band])
+            .unwrap_or_else(|| panic!("no row {label} {mode} {band}:\n{report}"));
         line.split_whitespace().map(str::to_string).collect()
     };
     // Columns: label, mode, band (two words here), tasks, success, …
@@ -234,7 +240,10 @@ fn the_other_regimes_run_through_the_same_stages() {
         let tasks = |d: &Path| -> Vec<u8> {
             let out = rao(&["status", "r.yaml", "--json"], d);
             let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            let fp = rows.as_array().unwrap().iter().find(|r| r["instance"] == format!("{env}_tasks")).unwrap()["fingerprint"].as_str().unwrap().to_string();
+            let fp = rows.as_array().unwrap().iter().find(|r| r["instance"] == format!("{env}_tasks")).unwrap()["fingerprint"]
+                .as_str()
+                .unwrap()
+                .to_string();
             std::fs::read(d.join(format!(".rao/store/objects/{}/{fp}/out/tasks/tasks.parquet", &fp[..2]))).unwrap()
         };
         assert_eq!(tasks(dir.path()), tasks(again.path()), "{env}: same seed, same tasks");

@@ -70,7 +70,8 @@ fn outputs(store: &Path, pipeline: &str) -> BTreeMap<String, serde_json::Value> 
     for e in std::fs::read_dir(store.join("index").join(pipeline)).unwrap() {
         let idx: serde_json::Value = serde_json::from_slice(&std::fs::read(e.unwrap().path()).unwrap()).unwrap();
         let fp = idx["fingerprint"].as_str().unwrap();
-        let m: serde_json::Value = serde_json::from_slice(&std::fs::read(store.join(format!("objects/{}/{fp}/MANIFEST.json", &fp[..2]))).unwrap()).unwrap();
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(store.join(format!("objects/{}/{fp}/MANIFEST.json", &fp[..2]))).unwrap()).unwrap();
         out.insert(m["instance"].as_str().unwrap().to_string(), m["outputs"].clone());
     }
     out
@@ -83,7 +84,8 @@ fn ray_runs_a_pipeline_like_the_local_executor_and_reattaches_after_a_kill() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/shell/pipeline.yaml");
     std::fs::copy(example, dir.path().join("p.yaml")).unwrap();
 
-    let on_ray = rao(&["run", "p.yaml", "--store", "ray-store", "--executor", "ray", "--ray-address", &head.dashboard, "-j", "2"], dir.path());
+    let on_ray =
+        rao(&["run", "p.yaml", "--store", "ray-store", "--executor", "ray", "--ray-address", &head.dashboard, "-j", "2"], dir.path());
     assert!(on_ray.status.success(), "{}", text(&on_ray));
     let local = rao(&["run", "p.yaml", "--store", "local-store"], dir.path());
     assert!(local.status.success(), "{}", text(&local));
@@ -116,14 +118,23 @@ fn ray_runs_a_pipeline_like_the_local_executor_and_reattaches_after_a_kill() {
     child.wait().unwrap();
     let again = rao(&["run", "slow.yaml", "--store", "slow-store", "--executor", "ray", "--ray-address", &head.dashboard], dir.path());
     assert!(again.status.success(), "{}", text(&again));
-    assert_eq!(std::fs::read_to_string(dir.path().join("ran.log")).unwrap(), "ran\n", "the stage ran once: the job was followed, not resubmitted");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("ran.log")).unwrap(),
+        "ran\n",
+        "the stage ran once: the job was followed, not resubmitted"
+    );
     let fp = outputs(&dir.path().join("slow-store"), "slow");
     assert_eq!(fp.len(), 1);
     let (code, jobs) = http_get(&head.dashboard, "/api/jobs/").unwrap();
     assert_eq!(code, 200);
     let jobs: serde_json::Value = serde_json::from_str(&jobs).unwrap();
-    let ours: Vec<&str> =
-        jobs.as_array().unwrap().iter().filter(|j| j["metadata"]["rao_pipeline"] == "slow").filter_map(|j| j["submission_id"].as_str()).collect();
+    let ours: Vec<&str> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["metadata"]["rao_pipeline"] == "slow")
+        .filter_map(|j| j["submission_id"].as_str())
+        .collect();
     assert_eq!(ours.len(), 1, "one submission: {ours:?}");
 
     // One stage of a pipeline file on Ray (`executor:` on the stage), the others in-process.
@@ -139,9 +150,15 @@ fn ray_runs_a_pipeline_like_the_local_executor_and_reattaches_after_a_kill() {
     assert!(mixed.status.success(), "{}", text(&mixed));
     let (_, jobs) = http_get(&head.dashboard, "/api/jobs/").unwrap();
     let jobs: serde_json::Value = serde_json::from_str(&jobs).unwrap();
-    let on_ray: Vec<&str> =
-        jobs.as_array().unwrap().iter().filter(|j| j["metadata"]["rao_pipeline"] == "mixed").filter_map(|j| j["metadata"]["rao_instance"].as_str()).collect();
+    let on_ray: Vec<&str> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["metadata"]["rao_pipeline"] == "mixed")
+        .filter_map(|j| j["metadata"]["rao_instance"].as_str())
+        .collect();
     assert_eq!(on_ray, vec!["b"], "only the stage that asked for Ray ran there");
-    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("mixed-store/runs/mixed/latest.json")).unwrap()).unwrap();
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("mixed-store/runs/mixed/latest.json")).unwrap()).unwrap();
     assert_eq!(record["executor"], "mixed");
 }

@@ -70,7 +70,8 @@ fn request(port: u16, head: &str, body: &[u8]) -> String {
 
 /// `PUT /bucket` (moto does not check signatures for bucket creation).
 fn create_bucket(port: u16, bucket: &str) {
-    let reply = request(port, &format!("PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"), b"");
+    let reply =
+        request(port, &format!("PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"), b"");
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
 }
 
@@ -125,7 +126,8 @@ fn a_pipeline_on_s3_is_killed_resumes_and_is_reused_from_a_fresh_directory() {
     pipeline(machine1.path(), &log);
 
     // Kill -9 while b runs (a is done and published to the bucket).
-    let mut child = rao(&["run", "p.yaml", "--store", store], machine1.path(), s3.port).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child =
+        rao(&["run", "p.yaml", "--store", store], machine1.path(), s3.port).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let t0 = Instant::now();
     while !std::fs::read_to_string(&log).unwrap_or_default().contains('b') {
         assert!(t0.elapsed() < Duration::from_secs(30), "b never started");
@@ -255,7 +257,13 @@ fn closing(head: &str) -> String {
     lines.join("\r\n") + "\r\n\r\n"
 }
 
-fn relay(mut client: TcpStream, upstream: u16, fail: impl Fn() -> bool, failures: &AtomicUsize, forwarded: &AtomicUsize) -> std::io::Result<()> {
+fn relay(
+    mut client: TcpStream,
+    upstream: u16,
+    fail: impl Fn() -> bool,
+    failures: &AtomicUsize,
+    forwarded: &AtomicUsize,
+) -> std::io::Result<()> {
     let (head, mut body) = read_head(&mut client)?;
     let length = head
         .lines()
@@ -273,7 +281,11 @@ fn relay(mut client: TcpStream, upstream: u16, fail: impl Fn() -> bool, failures
     if fail() {
         failures.fetch_add(1, Ordering::SeqCst);
         let msg = "<Error><Code>InternalError</Code><Message>injected by the test</Message></Error>";
-        return write!(client, "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{msg}", msg.len());
+        return write!(
+            client,
+            "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{msg}",
+            msg.len()
+        );
     }
     let mut up = TcpStream::connect(("127.0.0.1", upstream))?;
     up.write_all(closing(&head).as_bytes())?;

@@ -16,18 +16,29 @@ fn small_pipeline(dir: &Path) -> std::path::PathBuf {
 }
 
 const SHRINK: &[&str] = &[
-    "--set", "stages.demo_tasks.params.per_band=12",
-    "--set", "stages.gate_tasks.params.per_band=6",
-    "--set", "stages.eval_tasks.params.per_band=4",
-    "--set", "stages.warmstart.params.max_steps=40",
-    "--set", "stages.warmstart.params.eval_every=20",
-    "--set", "stages.warmstart.params.batch=16",
+    "--set",
+    "stages.demo_tasks.params.per_band=12",
+    "--set",
+    "stages.gate_tasks.params.per_band=6",
+    "--set",
+    "stages.eval_tasks.params.per_band=4",
+    "--set",
+    "stages.warmstart.params.max_steps=40",
+    "--set",
+    "stages.warmstart.params.eval_every=20",
+    "--set",
+    "stages.warmstart.params.batch=16",
     // 40 steps cannot pass the gate: record it instead of failing.
-    "--set", "stages.warmstart.params.gate.required=false",
-    "--set", "stages.train.loop.max_iterations=2",
-    "--set", "stages.train_tasks.params.per_band=3",
-    "--set", "params.model.d_model=32",
-    "--set", "params.model.d_ff=64",
+    "--set",
+    "stages.warmstart.params.gate.required=false",
+    "--set",
+    "stages.train.loop.max_iterations=2",
+    "--set",
+    "stages.train_tasks.params.per_band=3",
+    "--set",
+    "params.model.d_model=32",
+    "--set",
+    "params.model.d_ff=64",
 ];
 
 fn file_hashes(store: &Path, name: &str) -> Vec<(String, String)> {
@@ -39,7 +50,10 @@ fn file_hashes(store: &Path, name: &str) -> Vec<(String, String)> {
             if p.is_dir() {
                 stack.push(p);
             } else if p.file_name().unwrap() == name {
-                out.push((p.strip_prefix(store).unwrap().display().to_string(), blake3::hash(&std::fs::read(&p).unwrap()).to_hex().to_string()));
+                out.push((
+                    p.strip_prefix(store).unwrap().display().to_string(),
+                    blake3::hash(&std::fs::read(&p).unwrap()).to_hex().to_string(),
+                ));
             }
         }
     }
@@ -77,7 +91,8 @@ fn two_runs_from_scratch_give_identical_checkpoints_and_metrics() {
     };
     assert_eq!(summaries(&stores[0]), summaries(&stores[1]));
     let training = |store: &Path| -> Vec<serde_json::Value> {
-        let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(store.join("runs/textcraft-synth/latest.json")).unwrap()).unwrap();
+        let rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(store.join("runs/textcraft-synth/latest.json")).unwrap()).unwrap();
         rec["instances"].as_array().unwrap().iter().filter(|i| i["kind"] == "update").map(|i| i["metrics"].clone()).collect()
     };
     assert_eq!(training(&stores[0]), training(&stores[1]));
@@ -231,7 +246,8 @@ stages:
     std::fs::write(dir.path().join("kb.yaml"), pipeline).unwrap();
     let o = rao(&["run", "kb.yaml", "--store", "s"], dir.path());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let idx: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("s/index/keep-best/warmstart.json")).unwrap()).unwrap();
+    let idx: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("s/index/keep-best/warmstart.json")).unwrap()).unwrap();
     let fp = idx["fingerprint"].as_str().unwrap();
     let object = dir.path().join(format!("s/objects/{}/{fp}", &fp[..2]));
     let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(object.join("MANIFEST.json")).unwrap()).unwrap();

@@ -13,7 +13,13 @@ async fn success(world: &Arc<World>, band: Band, recursive: bool, window: usize)
     let b = Batcher::start(policy);
     let trees = tasks
         .iter()
-        .map(|t| TreeSpec { episode: Arc::new(TextCraftEpisode::new(world.clone(), t.clone())), task_id: t.id.clone(), group: 0, recursive, seed: 1 })
+        .map(|t| TreeSpec {
+            episode: Arc::new(TextCraftEpisode::new(world.clone(), t.clone())),
+            task_id: t.id.clone(),
+            group: 0,
+            recursive,
+            seed: 1,
+        })
         .collect();
     let limits = if recursive { Limits::recursive(window) } else { Limits::flat(window) };
     let out = run_trees(&b, trees, limits, RunMeta::default()).await;

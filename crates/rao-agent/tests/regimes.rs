@@ -104,7 +104,11 @@ fn long_document_verifier_and_sum_by_hand() {
     assert_eq!(ep.verify(&slice, true, Some("1"), &none), 1.0);
     // Reading copies lines into the context; out-of-range reads and flat splits are refused.
     let read = ep.step(&slice, &lang.encode(&longdoc::Action::Read { start: 2, count: 2 }), true);
-    assert_eq!(read.step, Step::Observe(lang.vocab.ids("<obs> alice rolls 5 carol says hmm alice rolls anything")), "lines, then the question");
+    assert_eq!(
+        read.step,
+        Step::Observe(lang.vocab.ids("<obs> alice rolls 5 carol says hmm alice rolls anything")),
+        "lines, then the question"
+    );
     let outside = ep.step(&slice, &lang.encode(&longdoc::Action::Read { start: 0, count: 3 }), true);
     assert_eq!(outside.step, Step::Observe(lang.vocab.ids("<obs> err range")));
     let split = ep.step(&goal, &lang.encode(&longdoc::Action::Split(2)), true);
@@ -170,7 +174,8 @@ fn knowledge_graphs_are_seeded_and_chains_verify_by_hand() {
     let goal = ep.root_goal();
     assert_eq!(lang.parse_goal(&goal), Some((t.entity, t.relations.clone())));
     // Follow the chain by hand through the edge table.
-    let (x1, x2) = (g.edges[t.entity][t.relations[0]] as usize, g.edges[g.edges[t.entity][t.relations[0]] as usize][t.relations[1]] as usize);
+    let (x1, x2) =
+        (g.edges[t.entity][t.relations[0]] as usize, g.edges[g.edges[t.entity][t.relations[0]] as usize][t.relations[1]] as usize);
     let x3 = g.edges[x2][t.relations[2]] as usize;
     let none = BTreeMap::new();
     assert_eq!(ep.verify(&goal, true, Some(&g.names[x3]), &none), 1.0);
@@ -180,7 +185,9 @@ fn knowledge_graphs_are_seeded_and_chains_verify_by_hand() {
     assert_eq!(ep.verify(&lang.goal(t.entity, &t.relations[..1]), true, Some(&g.names[x1]), &none), 1.0);
     // A page holds the fact among distractors about the same entity, 3 tokens each, then the
     // query to complete; the same page every time.
-    let Step::Observe(page) = ep.step(&goal, &lang.encode(&multihop::Action::Search(t.entity, t.relations[0])), true).step else { panic!() };
+    let Step::Observe(page) = ep.step(&goal, &lang.encode(&multihop::Action::Search(t.entity, t.relations[0])), true).step else {
+        panic!()
+    };
     assert_eq!(page.len(), 1 + 3 * (1 + g.config.distractors) + 2);
     let (e, r) = (lang.entity_tok(t.entity), lang.relation_tok(t.relations[0]));
     let facts: Vec<&[Tok]> = page[1..page.len() - 2].chunks(3).collect();
@@ -234,7 +241,10 @@ fn name_permutation_is_consistent_within_a_sequence_and_keeps_other_tokens() {
     let (lang, tasks) = hop_setup();
     let ep = MultiHopEpisode::new(lang.clone(), tasks[0].clone());
     let goal = ep.root_goal();
-    let Step::Observe(page) = ep.step(&goal, &lang.encode(&multihop::Action::Search(tasks[0].entity, tasks[0].relations[0])), true).step else { panic!() };
+    let Step::Observe(page) = ep.step(&goal, &lang.encode(&multihop::Action::Search(tasks[0].entity, tasks[0].relations[0])), true).step
+    else {
+        panic!()
+    };
     let seq: Vec<Tok> = [goal.clone(), page.clone()].concat();
     let groups = lang.name_groups();
     let mut rng = rao_envs::rng::Rng::new(7);

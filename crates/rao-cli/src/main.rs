@@ -303,7 +303,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     for r in rows.iter().filter(|r| r.kind == "evaluate") {
                         match (&r.state, &r.fingerprint) {
                             (rao_pipeline::plan::State::Done, Some(fp)) => evaluations.push((r.instance.clone(), fp.clone())),
-                            (state, _) => eprintln!("{}: {state:?}, not in the store for this pipeline as given (run it first)", r.instance),
+                            (state, _) => {
+                                eprintln!("{}: {state:?}, not in the store for this pipeline as given (run it first)", r.instance)
+                            }
                         }
                     }
                     (evaluations, format!("pipeline {}: evaluations of the file as given, from {}", c.name, store.url()))

@@ -21,8 +21,8 @@ pub const SPEAKERS: [&str; 8] = ["alice", "bob", "carol", "dave", "erin", "frank
 pub const SPELLS: [&str; 8] = ["fireball", "heal", "shield", "bolt", "charm", "light", "frost", "haste"];
 pub const FILLER: [&str; 6] = ["hmm", "yes", "no", "wait", "right", "nice"];
 pub const LANGUAGE: &[&str] = &[
-    "read", "split", "answer", "sum", "count", "anyone", "anything", "rolls", "casts", "says", "got", "none", "err", "syntax",
-    "range", "depth", "children", "nodes", "self",
+    "read", "split", "answer", "sum", "count", "anyone", "anything", "rolls", "casts", "says", "got", "none", "err", "syntax", "range",
+    "depth", "children", "nodes", "self",
 ];
 /// Digits of every number in an action or goal (line offsets and counts below 1000).
 pub const WIDTH: usize = 3;
@@ -205,10 +205,9 @@ impl Lang {
     pub fn parse(&self, a: &[Tok]) -> Option<Action> {
         let (&verb, rest) = a.split_first()?;
         match self.vocab.word(verb) {
-            "read" if rest.len() == 2 * WIDTH => Some(Action::Read {
-                start: read_fixed(&self.vocab, rest, WIDTH)?,
-                count: read_fixed(&self.vocab, &rest[WIDTH..], WIDTH)?,
-            }),
+            "read" if rest.len() == 2 * WIDTH => {
+                Some(Action::Read { start: read_fixed(&self.vocab, rest, WIDTH)?, count: read_fixed(&self.vocab, &rest[WIDTH..], WIDTH)? })
+            }
             "split" if rest.len() == 1 => Some(Action::Split(self.vocab.digit_value(rest[0])?)),
             "answer" if rest == [self.t("sum")] => Some(Action::AnswerSum),
             "answer" if rest.len() == WIDTH => Some(Action::Answer(read_fixed(&self.vocab, rest, WIDTH)?)),
@@ -262,10 +261,12 @@ fn draw_question(config: &DocConfig, rng: &mut Rng) -> Question {
 fn balanced_lines(config: &DocConfig, q: &Question, len: usize, rng: &mut Rng) -> Vec<Line> {
     let k = rng.below(len.min(10) + 1);
     let mut lines: Vec<Line> = (0..len)
-        .map(|_| loop {
-            let l = draw_line(config, rng);
-            if !q.matches(&l) {
-                break l;
+        .map(|_| {
+            loop {
+                let l = draw_line(config, rng);
+                if !q.matches(&l) {
+                    break l;
+                }
             }
         })
         .collect();
@@ -344,9 +345,7 @@ impl Episode for LongDocEpisode {
                 let goals = slices(start, count, k).into_iter().map(|(s, c)| lang.goal(&q, s, c)).collect();
                 StepOutput { step: Step::Spawn(goals), counters: vec![], result: None }
             }
-            Some(Action::AnswerSum) => {
-                finish(children.iter().map(|r| r.as_deref().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)).sum())
-            }
+            Some(Action::AnswerSum) => finish(children.iter().map(|r| r.as_deref().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)).sum()),
             Some(Action::Answer(n)) => finish(n),
         }
     }
@@ -459,7 +458,10 @@ pub fn expert_action(lang: &Lang, cfg: &DocExpertConfig, ctx: &[Tok], window: us
             if s == next && body.len() == c as usize * LINE_TOKENS + QUESTION_TOKENS {
                 seen += c;
                 matched += body[..c as usize * LINE_TOKENS]
-                    .chunks(LINE_TOKENS).filter_map(|l| lang.parse_line(l)).filter(|l| q.matches(l)).count() as u64;
+                    .chunks(LINE_TOKENS)
+                    .filter_map(|l| lang.parse_line(l))
+                    .filter(|l| q.matches(l))
+                    .count() as u64;
                 next = s + c;
             }
         }

@@ -335,7 +335,11 @@ impl Grammar for MultiHopGrammar {
             ("search", 1) => relations(),
             ("spawn", 0) => relations(),
             ("spawn", n) if l.entity(rest[n - 1]).is_none() => {
-                if n < self.max_hops { [relations(), entities()].concat() } else { entities() }
+                if n < self.max_hops {
+                    [relations(), entities()].concat()
+                } else {
+                    entities()
+                }
             }
             _ => vec![EOS],
         }

@@ -214,14 +214,19 @@ fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Re
     }
     let base_path = path.parent().unwrap_or(Path::new(".")).join(&v.extends.value);
     let base_text = std::fs::read_to_string(&base_path).map_err(|e| {
-        fail(vec![Diagnostic::new(v.extends.pos, format!("cannot read `{}`: {e}", base_path.display()))
-            .help("`extends` takes a pipeline file path relative to this file")])
+        fail(vec![
+            Diagnostic::new(v.extends.pos, format!("cannot read `{}`: {e}", base_path.display()))
+                .help("`extends` takes a pipeline file path relative to this file"),
+        ])
     })?;
     let (base_label, base_text, mut sets) = resolve_variant(&base_path, base_path.display().to_string(), base_text, depth + 1)?;
     sets.push(format!("name={}", v.name.value));
     // Check each change against the base here, so an error points at this file's line.
-    let mut spec: PipelineFile = serde_saphyr::from_str(&base_text)
-        .map_err(|e| Diagnostics { file: base_label.clone(), source: base_text.clone(), items: vec![parse_error(&e)] })?;
+    let mut spec: PipelineFile = serde_saphyr::from_str(&base_text).map_err(|e| Diagnostics {
+        file: base_label.clone(),
+        source: base_text.clone(),
+        items: vec![parse_error(&e)],
+    })?;
     crate::overrides::apply(&mut spec, &sets).map_err(|d| fail(vec![d]))?;
     let mut problems = Vec::new();
     for (key, value) in &v.set.entries {

@@ -93,7 +93,12 @@ async fn list_cloud(store: &dyn ObjectStore, root: &Path) -> anyhow::Result<Vec<
         match store.head(root).await {
             Ok(meta) => {
                 let name = root.filename().unwrap_or("data").to_string();
-                return Ok(vec![Entry { path: name, size: meta.size, identity: identity_of(&meta), location: Location::Object(root.clone()) }]);
+                return Ok(vec![Entry {
+                    path: name,
+                    size: meta.size,
+                    identity: identity_of(&meta),
+                    location: Location::Object(root.clone()),
+                }]);
             }
             Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),

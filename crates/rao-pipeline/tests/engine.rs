@@ -340,8 +340,10 @@ stages:
 fn a_variant_extends_a_pipeline_and_its_bad_changes_point_at_its_own_lines() {
     let dir = tempfile::tempdir().unwrap();
     let base = "name: base\nparams:\n  size: 1\nstages:\n  a:\n    kind: noop\n    params: {value: 1}\n  b:\n    kind: noop\n    inputs: {x: a.out}\n";
-    std::fs::write(dir.path().join("base.yaml"), base.replace("kind: noop\n    params", "kind: noop\n    outputs: [out]\n    params")).unwrap();
-    let variant = "extends: base.yaml\nname: variant\ndescription: a smaller one\nset:\n  params.size: 2\n  stages.a.params.value: [3, 4]\n";
+    std::fs::write(dir.path().join("base.yaml"), base.replace("kind: noop\n    params", "kind: noop\n    outputs: [out]\n    params"))
+        .unwrap();
+    let variant =
+        "extends: base.yaml\nname: variant\ndescription: a smaller one\nset:\n  params.size: 2\n  stages.a.params.value: [3, 4]\n";
     std::fs::write(dir.path().join("v.yaml"), variant).unwrap();
     let registry = Registry::with_builtins();
     let c = rao_pipeline::compile::load(&dir.path().join("v.yaml"), &["seed=9".to_string()], &registry).unwrap_or_else(|d| panic!("{d}"));

@@ -42,10 +42,20 @@ fn requests(world: &textcraft::World) -> Vec<SampleRequest> {
 
 fn sequences(reqs: &[SampleRequest], outs: &[(Vec<u32>, Vec<f32>)]) -> Vec<Sequence> {
     let advantage = |k: usize| if k % 2 == 0 { 1.0 } else { -0.6 };
-    reqs.iter().zip(outs).enumerate().map(|(k, (r, (toks, lps)))| Sequence::from_completion(&r.context, toks, lps, advantage(k), true)).collect()
+    reqs.iter()
+        .zip(outs)
+        .enumerate()
+        .map(|(k, (r, (toks, lps)))| Sequence::from_completion(&r.context, toks, lps, advantage(k), true))
+        .collect()
 }
 
-fn trace(backend: Backend, cfg: &ModelConfig, grammar: &TextCraftGrammar, reqs: &[SampleRequest], seqs: &[Sequence]) -> anyhow::Result<Trace> {
+fn trace(
+    backend: Backend,
+    cfg: &ModelConfig,
+    grammar: &TextCraftGrammar,
+    reqs: &[SampleRequest],
+    seqs: &[Sequence],
+) -> anyhow::Result<Trace> {
     let mut policy = Policy::new(cfg.clone(), backend, 7)?;
     let t0 = Instant::now();
     let logprobs = policy.sequence_logprobs(seqs, grammar, 1.0).concat();
@@ -72,7 +82,8 @@ fn close(a: f64, b: f64) -> bool {
 fn main() -> anyhow::Result<()> {
     let world = textcraft::generate(&SynthConfig::small(), 1);
     let grammar = TextCraftGrammar::new(&world, 4);
-    let cfg = ModelConfig { vocab: world.vocab.len(), d_model: 32, n_layers: 2, n_heads: 4, d_ff: 64, rope_theta: 10_000.0, prev_token: false };
+    let cfg =
+        ModelConfig { vocab: world.vocab.len(), d_model: 32, n_layers: 2, n_heads: 4, d_ff: 64, rope_theta: 10_000.0, prev_token: false };
     let reqs = requests(&world);
     let outs = Policy::new(cfg.clone(), Backend::Cpu, 7)?.sample(&reqs, &grammar, 1.0);
     let seqs = sequences(&reqs, &outs);

@@ -162,7 +162,8 @@ impl Block {
             Some(slot) => {
                 let [q, k, v] = kernels::split_qkv(qkv);
                 let heads = |y: Tensor<2>| y.reshape([b, t, h, dh]).swap_dims(1, 2);
-                let (q, mut k, mut v) = (heads(kernels::rope(q, rotate, (cos, sin))), heads(kernels::rope(k, rotate, (cos, sin))), heads(v));
+                let (q, mut k, mut v) =
+                    (heads(kernels::rope(q, rotate, (cos, sin))), heads(kernels::rope(k, rotate, (cos, sin))), heads(v));
                 if let Some((pk, pv)) = slot.take() {
                     k = Tensor::cat(vec![pk, k], 2);
                     v = Tensor::cat(vec![pv, v], 2);
@@ -210,14 +211,24 @@ impl Transformer {
     /// when calling forward many times with the same parameters.
     pub fn fuse(&self) -> Fused {
         let dh = self.d_model / self.n_heads;
-        Fused { blocks: self.blocks.iter().map(Block::fuse).collect(), rotate: rotate_half_matrix(self.n_heads, dh, &self.embed.weight.device()) }
+        Fused {
+            blocks: self.blocks.iter().map(Block::fuse).collect(),
+            rotate: rotate_half_matrix(self.n_heads, dh, &self.embed.weight.device()),
+        }
     }
 
     /// Logits `[B, T, V]` for `tokens: [B, T]` at explicit `positions`, with an additive attention
     /// `bias: [B, 1, T, S]` (S = cached + T; 0 or −∞). `prev: [B, T]` holds the token before each
     /// one (`PAD` at the start; read only with `prev_token`). With a cache, keys/values are
     /// appended to it.
-    pub fn forward(&self, tokens: Tensor<2, Int>, prev: Tensor<2, Int>, positions: &[Vec<usize>], bias: Tensor<4>, cache: Option<&mut KvCache>) -> Tensor<3> {
+    pub fn forward(
+        &self,
+        tokens: Tensor<2, Int>,
+        prev: Tensor<2, Int>,
+        positions: &[Vec<usize>],
+        bias: Tensor<4>,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor<3> {
         self.forward_fused(&self.fuse(), tokens, prev, positions, bias, cache)
     }
 

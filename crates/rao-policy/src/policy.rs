@@ -201,7 +201,11 @@ impl Policy {
         on_compute_pool(|| self.decode_here(reqs, choose))
     }
 
-    fn decode_here(&self, reqs: &[SampleRequest], mut choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32)) -> Vec<(Vec<Tok>, Vec<f32>)> {
+    fn decode_here(
+        &self,
+        reqs: &[SampleRequest],
+        mut choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32),
+    ) -> Vec<(Vec<Tok>, Vec<f32>)> {
         if reqs.is_empty() {
             return vec![];
         }

@@ -16,7 +16,15 @@ fn main() {
     let layers = args.get(1).copied().unwrap_or(2);
     let world = textcraft::generate(&SynthConfig::small(), 1);
     let grammar = TextCraftGrammar::new(&world, 8);
-    let cfg = ModelConfig { vocab: world.vocab.len(), d_model: d, n_layers: layers, n_heads: 4, d_ff: 3 * d, rope_theta: 10_000.0, prev_token: false };
+    let cfg = ModelConfig {
+        vocab: world.vocab.len(),
+        d_model: d,
+        n_layers: layers,
+        n_heads: 4,
+        d_ff: 3 * d,
+        rope_theta: 10_000.0,
+        prev_token: false,
+    };
     let mut policy = Policy::new(cfg.clone(), Backend::Cpu, 1).unwrap();
     println!("model: d={d} layers={layers} params={} vocab={}", policy.model.num_params(), cfg.vocab);
     let v = &world.vocab;
@@ -34,7 +42,8 @@ fn main() {
     let fixed = Fixed((4..world.vocab.len() as Tok).collect());
     let mut base = 0.0;
     for batch in [1usize, 64] {
-        let reqs: Vec<SampleRequest> = (0..batch).map(|i| SampleRequest { context: prompt.clone(), max_new_tokens: 40, seed: i as u64, recursive: true }).collect();
+        let reqs: Vec<SampleRequest> =
+            (0..batch).map(|i| SampleRequest { context: prompt.clone(), max_new_tokens: 40, seed: i as u64, recursive: true }).collect();
         let (mut toks, t0) = (0usize, Instant::now());
         let mut reps = 0;
         while t0.elapsed().as_secs_f64() < 2.0 {
@@ -83,7 +92,12 @@ fn main() {
         let secs = times[times.len() / 2];
         let label = if fused { "update   " } else { "decomposed" };
         let vs = if fused { format!("; {:.2}× the decomposed ops", per_step / secs) } else { String::new() };
-        println!("{label} 64×64 tokens: {:.1} ms/step (median), {:.0} tokens/s, {:.2} GFLOP/s{vs}", secs * 1e3, tokens / secs, flops / secs / 1e9);
+        println!(
+            "{label} 64×64 tokens: {:.1} ms/step (median), {:.0} tokens/s, {:.2} GFLOP/s{vs}",
+            secs * 1e3,
+            tokens / secs,
+            flops / secs / 1e9
+        );
         per_step = secs;
     }
 

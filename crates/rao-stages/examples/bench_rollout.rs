@@ -23,7 +23,9 @@ async fn main() {
         let (mut nodes, mut tokens, mut reps) = (0usize, 0usize, 0usize);
         let t0 = Instant::now();
         while t0.elapsed().as_secs_f64() < 1.0 {
-            let trees = rollout_trees(&set, &set.all(), policy.clone(), Mode::Recursive, 1, Limits::recursive(96), RunMeta::default(), reps as u64).await;
+            let trees =
+                rollout_trees(&set, &set.all(), policy.clone(), Mode::Recursive, 1, Limits::recursive(96), RunMeta::default(), reps as u64)
+                    .await;
             nodes += trees.iter().map(|t| t.len()).sum::<usize>();
             tokens += trees.iter().flatten().map(|n| n.context_tokens as usize).sum::<usize>();
             reps += 1;

@@ -12,8 +12,8 @@ use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::rollout::{ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, make_policy, rollout_trees, run_batch, tree_specs};
 use crate::envs;
+use crate::rollout::{ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, make_policy, rollout_trees, run_batch, tree_specs};
 use crate::training::write_trees;
 use crate::update::HISTORY_FILE;
 

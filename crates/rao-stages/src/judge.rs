@@ -9,8 +9,8 @@ use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::llm_judge::{LlmJudge, LlmJudgeParams};
 use crate::envs::{self, TaskSet};
+use crate::llm_judge::{LlmJudge, LlmJudgeParams};
 use crate::training::{read_trees, write_trees};
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -31,7 +31,9 @@ pub fn exact_scores(set: &dyn TaskSet, nodes: &mut [NodeRecord]) -> anyhow::Resu
     let mut episodes: BTreeMap<String, std::sync::Arc<dyn rao_envs::Episode>> = BTreeMap::new();
     for n in nodes.iter() {
         if !episodes.contains_key(&n.task_id) {
-            let i = *index.get(n.task_id.as_str()).ok_or_else(|| anyhow::anyhow!("node of task `{}`, which is not in the tasks input", n.task_id))?;
+            let i = *index
+                .get(n.task_id.as_str())
+                .ok_or_else(|| anyhow::anyhow!("node of task `{}`, which is not in the tasks input", n.task_id))?;
             episodes.insert(n.task_id.clone(), set.episode(i));
         }
     }

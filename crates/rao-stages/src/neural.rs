@@ -91,4 +91,3 @@ impl RuntimePolicy for PacedExpert {
         })
     }
 }
-

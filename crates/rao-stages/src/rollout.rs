@@ -259,16 +259,22 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
     let limits = p.limits.limits(p.mode);
     Ok(match p.policy {
         PolicyKind::Expert => set.expert(ExpertSpec { delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed }, &limits),
-        PolicyKind::Random => {
-            set.random_policy().ok_or_else(|| anyhow::anyhow!("environment `{}` has no random policy", set.env()))?
-        }
+        PolicyKind::Random => set.random_policy().ok_or_else(|| anyhow::anyhow!("environment `{}` has no random policy", set.env()))?,
         PolicyKind::Checkpoint => {
             anyhow::ensure!(ctx.inputs.contains_key("checkpoint"), "`policy: checkpoint` needs a `checkpoint` input");
             let policy = crate::neural::load_policy(ctx, "checkpoint", p.backend).await?;
-            Arc::new(crate::neural::NeuralPolicy::new(Arc::new(policy), set.grammar(limits.max_children as usize), set.vocab(), p.temperature))
+            Arc::new(crate::neural::NeuralPolicy::new(
+                Arc::new(policy),
+                set.grammar(limits.max_children as usize),
+                set.vocab(),
+                p.temperature,
+            ))
         }
         PolicyKind::PacedExpert => {
-            anyhow::ensure!(ctx.inputs.contains_key("checkpoint"), "`policy: paced_expert` needs a `checkpoint` input (the model whose compute paces it)");
+            anyhow::ensure!(
+                ctx.inputs.contains_key("checkpoint"),
+                "`policy: paced_expert` needs a `checkpoint` input (the model whose compute paces it)"
+            );
             let model = crate::neural::load_policy(ctx, "checkpoint", p.backend).await?;
             let expert = set.expert(ExpertSpec { delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed }, &limits);
             Arc::new(crate::neural::PacedExpert { expert, model: Arc::new(model), rec: set.vocab().id("<rec>") })

@@ -55,15 +55,15 @@ pub fn tasks_from_parquet(world: &World, bytes: Bytes) -> anyhow::Result<Vec<Tas
     Ok(out)
 }
 
-
 /// A task file in rao's format: `.parquet` as `synthesize` writes it, or `.jsonl` with one
 /// `{"id"?, "target", "count"?, "inventory": [[item, units], …], "band"?}` object per line.
 pub fn read_task_file(world: &World, path: &std::path::Path) -> anyhow::Result<Vec<Task>> {
     let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("task file {}: {e}", path.display()))?;
     match path.extension().and_then(|e| e.to_str()) {
         Some("parquet") => tasks_from_parquet(world, Bytes::from(bytes)),
-        Some("jsonl") | Some("json") => tasks_from_jsonl(world, std::str::from_utf8(&bytes)?)
-            .map_err(|e| anyhow::anyhow!("task file {}: {e}", path.display())),
+        Some("jsonl") | Some("json") => {
+            tasks_from_jsonl(world, std::str::from_utf8(&bytes)?).map_err(|e| anyhow::anyhow!("task file {}: {e}", path.display()))
+        }
         _ => anyhow::bail!("task file {}: use a .parquet or .jsonl file", path.display()),
     }
 }

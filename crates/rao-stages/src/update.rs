@@ -8,9 +8,9 @@ use rao_policy::{Backend, Loss};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use crate::envs;
 use crate::neural::{load_policy, write_checkpoint};
 use crate::rollout::tree_metrics;
-use crate::envs;
 use crate::training::{node_sequence, read_trees, retry_rate};
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -184,7 +184,8 @@ impl TypedStage for Warmstart {
                 if g == 0 {
                     continue;
                 }
-                let trees = rollout_trees(set.as_ref(), &all, expert.clone(), mode, g, p.limits.limits(mode), RunMeta::default(), ctx.seed).await;
+                let trees =
+                    rollout_trees(set.as_ref(), &all, expert.clone(), mode, g, p.limits.limits(mode), RunMeta::default(), ctx.seed).await;
                 seqs.extend(trees.iter().flatten().map(|n| node_sequence(n, set.vocab(), 1.0)).filter(|s| s.generated.iter().any(|g| *g)));
             }
             anyhow::ensure!(!seqs.is_empty(), "the expert produced no demonstrations");
@@ -222,7 +223,9 @@ impl TypedStage for Warmstart {
                         let checkpoint = policy.checkpoint();
                         let snapshot = Arc::new(Policy::from_checkpoint(&checkpoint, p.backend)?);
                         (node_success, root_success) = gate_check(gate_set.as_ref(), snapshot, &p.limits, ctx.seed).await;
-                        lines.push_str(&format!("step {step} loss {loss:.4} gate node_success {node_success:.3} root_success {root_success:.3}\n"));
+                        lines.push_str(&format!(
+                            "step {step} loss {loss:.4} gate node_success {node_success:.3} root_success {root_success:.3}\n"
+                        ));
                         std::fs::write(&log, &lines)?;
                         if p.gate.keep_best && best.as_ref().is_none_or(|b| node_success >= b.0) {
                             best = Some((node_success, root_success, step, checkpoint));

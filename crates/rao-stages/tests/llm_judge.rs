@@ -29,7 +29,10 @@ async fn serve(listener: TcpListener, requests: Arc<AtomicUsize>) {
                     break (String::from_utf8_lossy(&buf[..i]).to_string(), i + 4);
                 }
             };
-            let len: usize = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).unwrap_or(0);
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                .unwrap_or(0);
             while buf.len() < body_start + len {
                 let n = sock.read(&mut chunk).await.unwrap();
                 buf.extend_from_slice(&chunk[..n]);
@@ -46,7 +49,10 @@ async fn serve(listener: TcpListener, requests: Arc<AtomicUsize>) {
                 let content = format!("Verdict: {{\"score\": {score}, \"reason\": \"checked\"}}");
                 ("200 OK", serde_json::json!({"choices": [{"message": {"role": "assistant", "content": content}}]}).to_string())
             };
-            let resp = format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}", reply.len());
+            let resp = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
             sock.write_all(resp.as_bytes()).await.unwrap();
         });
     }

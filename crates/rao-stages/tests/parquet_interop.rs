@@ -76,7 +76,10 @@ async fn trees_of_all_three_environments_share_one_schema_in_pyarrow() {
     let sets: Vec<(&str, Box<dyn TaskSet>)> = vec![
         ("textcraft", Box::new(task_set(&world, &textcraft::synthesize(&world, Band::Medium, 3, false, 2)))),
         ("longdoc", Box::new(LongDocSet { lang: Arc::new(longdoc::Lang::new(&cfg)), tasks: longdoc::synthesize(&cfg, 3, false, 2) })),
-        ("multihop", Box::new(MultiHopSet { tasks: multihop::synthesize(&graph, (2, 4), 1, false, 2), lang: Arc::new(multihop::Lang::new(graph)) })),
+        (
+            "multihop",
+            Box::new(MultiHopSet { tasks: multihop::synthesize(&graph, (2, 4), 1, false, 2), lang: Arc::new(multihop::Lang::new(graph)) }),
+        ),
     ];
     let dir = tempfile::tempdir().unwrap();
     let mut paths = Vec::new();
@@ -84,7 +87,8 @@ async fn trees_of_all_three_environments_share_one_schema_in_pyarrow() {
         let limits = Limits { max_depth: 2, max_children: 4, ..Limits::recursive(96) };
         let expert = set.expert(ExpertSpec { delegate: 1.0, noise: 0.0, seed: 1 }, &limits);
         let meta = RunMeta { run: "t".into(), iteration: 0, env: env.to_string() };
-        let nodes: Vec<_> = rollout_trees(set.as_ref(), &set.all(), expert, Mode::Recursive, 1, limits, meta, 1).await.into_iter().flatten().collect();
+        let nodes: Vec<_> =
+            rollout_trees(set.as_ref(), &set.all(), expert, Mode::Recursive, 1, limits, meta, 1).await.into_iter().flatten().collect();
         assert!(nodes.iter().any(|n| n.depth > 0), "{env}: the expert delegates");
         let path = dir.path().join(format!("{env}.parquet"));
         std::fs::write(&path, nodes_to_parquet(&nodes).unwrap()).unwrap();

@@ -3,8 +3,8 @@
 
 use super::episode::{Action, Lang};
 use super::world::{ItemId, World};
-use crate::rng::Rng;
 use crate::node::{NodeView, parse_node};
+use crate::rng::Rng;
 use crate::vocab::Tok;
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]

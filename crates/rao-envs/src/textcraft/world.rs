@@ -385,7 +385,8 @@ impl World {
             groups.entry((it.tokens[0], it.tier)).or_default().push(it.id);
         }
         let top = self.items.iter().map(|i| i.tier).max().unwrap_or(0);
-        let sizes_equal = groups.iter().filter(|((_, t), _)| *t > 0).map(|(_, v)| v.len()).collect::<std::collections::BTreeSet<_>>().len() <= 1;
+        let sizes_equal =
+            groups.iter().filter(|((_, t), _)| *t > 0).map(|(_, v)| v.len()).collect::<std::collections::BTreeSet<_>>().len() <= 1;
         let shift = if sizes_equal && top > 0 { shift % top } else { 0 };
         let mut map = HashMap::new();
         for ((domain, tier), ids) in &groups {

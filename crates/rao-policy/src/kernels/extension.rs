@@ -20,7 +20,13 @@ use super::pointwise;
 pub trait FusedOps: Backend {
     /// See [`attention::forward`]: `qkv: [B·T, 3D]`, `cos`, `sin: [B·T, D]`, `bias: [B, T, T]`;
     /// returns `[B·T, D]`.
-    fn rope_attention(qkv: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, bias: FloatTensor<Self>, heads: usize) -> FloatTensor<Self>;
+    fn rope_attention(
+        qkv: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        heads: usize,
+    ) -> FloatTensor<Self>;
     /// `silu(a)·b` for rows `[a, b]` of `gu: [N, 2F]`; returns `[N, F]`.
     fn swiglu(gu: FloatTensor<Self>) -> FloatTensor<Self>;
     /// RMSNorm of the rows of `x: [N, D]` with gain `gamma: [D]`.
@@ -119,7 +125,13 @@ impl<T> std::fmt::Debug for Saved<T> {
 }
 
 impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
-    fn rope_attention(qkv: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, bias: FloatTensor<Self>, heads: usize) -> FloatTensor<Self> {
+    fn rope_attention(
+        qkv: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        heads: usize,
+    ) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct RopeAttention;
         impl Backward<Flex, 1> for RopeAttention {

@@ -59,7 +59,16 @@ pub fn product(lhs: &[f32], lv: View, rhs: &[f32], rv: View) -> Vec<f32> {
 /// `dst` must be valid for writes (and, with `accumulate`, reads) at every index of `dv`, and
 /// must not alias `lhs` or `rhs`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_into(dst: *mut f32, dv: View, accumulate: bool, lhs: &[f32], lv: View, rhs: &[f32], rv: View, parallelism: gemm::Parallelism) {
+unsafe fn gemm_into(
+    dst: *mut f32,
+    dv: View,
+    accumulate: bool,
+    lhs: &[f32],
+    lv: View,
+    rhs: &[f32],
+    rv: View,
+    parallelism: gemm::Parallelism,
+) {
     assert!(dv.rows == lv.rows && dv.cols == rv.cols && lv.cols == rv.rows, "matmul shapes {dv:?} = {lv:?}·{rv:?}");
     assert!(lv.fits(lhs.len()) && rv.fits(rhs.len()), "matmul input view out of bounds");
     // SAFETY: the caller vouches for `dst`; the inputs lie inside their slices (checked above);

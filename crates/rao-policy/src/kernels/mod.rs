@@ -10,8 +10,8 @@
 //! in one process.
 
 mod attention;
-mod gemm;
 mod extension;
+mod gemm;
 pub(crate) mod pointwise;
 pub(crate) mod simd;
 
@@ -67,7 +67,14 @@ pub fn swiglu(gu: Tensor<2>) -> Tensor<2> {
 /// `qkv: [B·T, 3D]` (queries, keys, values side by side), with rotary positions
 /// `x·cos + (x·R)·sin` (`rotate` = R, the rotate-half permutation; `cos`, `sin: [B·T, D]`) and an
 /// additive `bias: [B, 1, T, T]` (0 or −∞). Returns the heads merged, `[B·T, D]`.
-pub fn rope_attention(qkv: Tensor<2>, rotate: &Tensor<2>, (cos, sin): (&Tensor<2>, &Tensor<2>), bias: &Tensor<4>, batch: usize, heads: usize) -> Tensor<2> {
+pub fn rope_attention(
+    qkv: Tensor<2>,
+    rotate: &Tensor<2>,
+    (cos, sin): (&Tensor<2>, &Tensor<2>),
+    bias: &Tensor<4>,
+    batch: usize,
+    heads: usize,
+) -> Tensor<2> {
     let [n, d3] = qkv.dims();
     let (d, t) = (d3 / 3, n / batch);
     if !fused(&qkv) {
@@ -77,7 +84,13 @@ pub fn rope_attention(qkv: Tensor<2>, rotate: &Tensor<2>, (cos, sin): (&Tensor<2
         return softmax(scores, 3).matmul(split(v)).swap_dims(1, 2).reshape([n, d]);
     }
     let bias = bias.clone().reshape([batch, t, t]);
-    let out = <Dispatch as FusedOps>::rope_attention(qkv.into_dispatch(), cos.clone().into_dispatch(), sin.clone().into_dispatch(), bias.into_dispatch(), heads);
+    let out = <Dispatch as FusedOps>::rope_attention(
+        qkv.into_dispatch(),
+        cos.clone().into_dispatch(),
+        sin.clone().into_dispatch(),
+        bias.into_dispatch(),
+        heads,
+    );
     Tensor::from_dispatch(out)
 }
 

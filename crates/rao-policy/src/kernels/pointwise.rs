@@ -33,13 +33,15 @@ simd_fn! {
 /// Gradient of [`swiglu_forward`] with respect to `gu`, from the output's gradient `g: [N, F]`.
 pub fn swiglu_backward(gu: &[f32], f: usize, g: &[f32]) -> Vec<f32> {
     let mut dgu = vec![0.0; gu.len()];
-    (dgu.par_chunks_mut(CHUNK_ROWS * 2 * f), gu.par_chunks(CHUNK_ROWS * 2 * f), g.par_chunks(CHUNK_ROWS * f)).into_par_iter().for_each(|(dgu, gu, g)| {
-        for ((dgu, gu), g) in dgu.chunks_exact_mut(2 * f).zip(gu.chunks_exact(2 * f)).zip(g.chunks_exact(f)) {
-            let (da, db) = dgu.split_at_mut(f);
-            let (a, b) = gu.split_at(f);
-            swiglu_grad_row(da, db, a, b, g);
-        }
-    });
+    (dgu.par_chunks_mut(CHUNK_ROWS * 2 * f), gu.par_chunks(CHUNK_ROWS * 2 * f), g.par_chunks(CHUNK_ROWS * f)).into_par_iter().for_each(
+        |(dgu, gu, g)| {
+            for ((dgu, gu), g) in dgu.chunks_exact_mut(2 * f).zip(gu.chunks_exact(2 * f)).zip(g.chunks_exact(f)) {
+                let (da, db) = dgu.split_at_mut(f);
+                let (a, b) = gu.split_at(f);
+                swiglu_grad_row(da, db, a, b, g);
+            }
+        },
+    );
     dgu
 }
 
@@ -87,14 +89,15 @@ simd_fn! {
 pub fn rms_norm_backward(x: &[f32], gamma: &[f32], inv: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let d = gamma.len();
     let mut dx = vec![0.0; x.len()];
-    let partial: Vec<Vec<f32>> = (dx.par_chunks_mut(CHUNK_ROWS * d), x.par_chunks(CHUNK_ROWS * d), g.par_chunks(CHUNK_ROWS * d), inv.par_chunks(CHUNK_ROWS))
-        .into_par_iter()
-        .map(|(dx, x, g, inv)| {
-            let mut dgamma = vec![0.0; d];
-            rms_norm_grad_rows(dx, &mut dgamma, x, g, inv, gamma);
-            dgamma
-        })
-        .collect();
+    let partial: Vec<Vec<f32>> =
+        (dx.par_chunks_mut(CHUNK_ROWS * d), x.par_chunks(CHUNK_ROWS * d), g.par_chunks(CHUNK_ROWS * d), inv.par_chunks(CHUNK_ROWS))
+            .into_par_iter()
+            .map(|(dx, x, g, inv)| {
+                let mut dgamma = vec![0.0; d];
+                rms_norm_grad_rows(dx, &mut dgamma, x, g, inv, gamma);
+                dgamma
+            })
+            .collect();
     let mut dgamma = vec![0.0; d];
     for p in &partial {
         for (s, v) in dgamma.iter_mut().zip(p) {
@@ -131,7 +134,13 @@ pub fn token_logprob_forward(logits: &[f32], mask: &[f32], targets: &[usize], sc
     let v = logits.len() / targets.len();
     let mut probs = vec![0.0; logits.len()];
     let mut lp = vec![0.0; targets.len()];
-    (probs.par_chunks_mut(CHUNK_ROWS * v), lp.par_chunks_mut(CHUNK_ROWS), logits.par_chunks(CHUNK_ROWS * v), mask.par_chunks(CHUNK_ROWS * v), targets.par_chunks(CHUNK_ROWS))
+    (
+        probs.par_chunks_mut(CHUNK_ROWS * v),
+        lp.par_chunks_mut(CHUNK_ROWS),
+        logits.par_chunks(CHUNK_ROWS * v),
+        mask.par_chunks(CHUNK_ROWS * v),
+        targets.par_chunks(CHUNK_ROWS),
+    )
         .into_par_iter()
         .for_each(|(p, lp, z, m, tg)| logprob_rows(p, lp, z, m, tg, scale, v));
     (lp, probs)

@@ -119,7 +119,10 @@ impl TypedStage for LongDocTasks {
 
     fn run(ctx: StageContext, p: LongDocParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
-            anyhow::ensure!(p.config.min_lines >= 1 && p.config.min_lines <= p.config.max_lines, "config: need 1 <= min_lines <= max_lines");
+            anyhow::ensure!(
+                p.config.min_lines >= 1 && p.config.min_lines <= p.config.max_lines,
+                "config: need 1 <= min_lines <= max_lines"
+            );
             anyhow::ensure!(p.config.max_lines < 1000, "config: documents hold fewer than 1000 lines (3-digit line numbers)");
             let lang = Lang::new(&p.config);
             let tasks = longdoc::synthesize(&p.config, p.count, p.split == Split::Validation, p.task_seed.unwrap_or(ctx.seed));
@@ -128,7 +131,10 @@ impl TypedStage for LongDocTasks {
                 &tasks,
                 vec![
                     ("id", Column::Str(tasks.iter().map(|t| t.id.clone()).collect())),
-                    ("question", Column::Str(tasks.iter().map(|t| lang.vocab.text(&lang.goal(&t.question, 0, t.lines.len() as u64)[..4])).collect())),
+                    (
+                        "question",
+                        Column::Str(tasks.iter().map(|t| lang.vocab.text(&lang.goal(&t.question, 0, t.lines.len() as u64)[..4])).collect()),
+                    ),
                     ("lines", Column::I64(tasks.iter().map(|t| t.lines.len() as i64).collect())),
                     ("answer", Column::I64(tasks.iter().map(|t| t.question.count(&t.lines) as i64).collect())),
                     ("validation", Column::Bool(tasks.iter().map(|t| t.validation).collect())),
