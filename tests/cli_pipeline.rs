@@ -177,9 +177,8 @@ fn checked_in_schema_matches_the_binary() {
     );
 }
 
-#[test]
-fn shipped_pipelines_validate() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+/// Every pipeline, variant and example the repository ships.
+fn shipped_pipeline_files(root: &Path) -> Vec<std::path::PathBuf> {
     let mut files = vec![root.join("examples/shell/pipeline.yaml")];
     for e in std::fs::read_dir(root.join("pipelines")).unwrap() {
         let path = e.unwrap().path();
@@ -187,10 +186,52 @@ fn shipped_pipelines_validate() {
             files.push(path);
         }
     }
-    for f in files {
+    files.sort();
+    files
+}
+
+#[test]
+fn shipped_pipelines_validate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for f in shipped_pipeline_files(&root) {
         let o = rao(&["validate", f.to_str().unwrap()], &root);
         assert!(o.status.success(), "{}: {}", f.display(), text(&o));
     }
+}
+
+/// The schema editors are pointed at, checked by a real JSON Schema validator (the `jsonschema`
+/// package, installed by scripts/test): every shipped file passes, and copies broken in known
+/// places (a wrong type, an unknown param or kind, a typo in a nested param; for variants a
+/// wrong `extends`, a `set` path that is no override, `stages` in a variant) fail right there.
+#[test]
+fn shipped_pipelines_match_the_json_schema_and_broken_copies_fail_where_broken() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let files = shipped_pipeline_files(&root);
+    let o = Command::new(&python)
+        .arg(root.join("scripts/check_schema.py"))
+        .arg(root.join("schemas/pipeline.schema.json"))
+        .args(&files)
+        .output()
+        .expect("python runs");
+    assert!(
+        o.status.success(),
+        "check_schema.py failed (scripts/test installs jsonschema; set RAO_PYTHON to that interpreter):\n{}",
+        text(&o)
+    );
+    let results: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(results.len(), files.len());
+    let (mut variants, mut pipelines) = (0, 0);
+    for r in &results {
+        assert_eq!(r["errors"], serde_json::json!([]), "{} does not match the schema: {r}", r["file"]);
+        let broken = r["broken"].as_array().unwrap();
+        assert!(broken.len() >= 3, "{r}");
+        for b in broken {
+            assert_eq!(b["path"], b["expect"], "{}, {}: the validator's error is not where the file was broken: {b}", r["file"], b["what"]);
+        }
+        if broken.iter().any(|b| b["what"] == "extends is a number") { variants += 1 } else { pipelines += 1 }
+    }
+    assert!(variants >= 8 && pipelines >= 4, "{variants} variants, {pipelines} pipelines");
 }
 
 /// The long-document and multi-hop regimes through the very stage kinds TextCraft uses: task

@@ -7,12 +7,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use petgraph::graph::{DiGraph, NodeIndex};
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::diag::{Diagnostic, Diagnostics, did_you_mean};
 use crate::kind::Registry;
-use crate::spec::{OrderedMap, PipelineFile, Pos, Resources, Sp, StageSpec, StopWhen};
+use crate::spec::{OrderedMap, PipelineFile, Pos, Resources, Sp, StageSpec, StopWhen, VariantFile};
 
 /// Default store: a directory next to the pipeline file.
 pub const DEFAULT_STORE: &str = ".rao/store";
@@ -184,22 +183,6 @@ fn read_pipeline_text(path: &Path, label: &str) -> Result<String, Diagnostics> {
     })
 }
 
-/// A pipeline written as another one plus changes: ablations and variants without a copy.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Variant {
-    #[serde(rename = "$schema", default)]
-    _schema: Option<String>,
-    /// The pipeline file this one changes (relative to this file).
-    extends: Sp<String>,
-    name: Sp<String>,
-    #[serde(rename = "description", default)]
-    _description: Option<String>,
-    /// `path.to.key: value`, as `--set` takes them.
-    #[serde(default)]
-    set: OrderedMap<Sp<Value>>,
-}
-
 /// Follow `extends` to the pipeline file that has the stages; returns its label and text and the
 /// overrides (outermost variant last) that turn it into the variant.
 fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Result<(String, String, Vec<String>), Diagnostics> {
@@ -208,7 +191,7 @@ fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Re
         return Ok((label, text, Vec::new()));
     }
     let fail = |items: Vec<Diagnostic>| Diagnostics { file: label.clone(), source: text.clone(), items };
-    let v: Variant = serde_saphyr::from_str(&text).map_err(|e| fail(vec![parse_error(&e)]))?;
+    let v: VariantFile = serde_saphyr::from_str(&text).map_err(|e| fail(vec![parse_error(&e)]))?;
     if depth >= 8 {
         return Err(fail(vec![Diagnostic::new(v.extends.pos, "`extends` chains deeper than 8 files (is there a loop?)")]));
     }

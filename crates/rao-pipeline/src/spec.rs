@@ -190,6 +190,30 @@ pub struct PipelineFile {
     pub stages: OrderedMap<StageSpec>,
 }
 
+/// A variant: another pipeline file plus changes (the flat baseline, the ablations), without a copy.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VariantFile {
+    /// Optional JSON Schema reference for editors; ignored by rao.
+    #[serde(rename = "$schema", default)]
+    pub schema: Option<String>,
+    /// The pipeline file this one changes (a path relative to this file).
+    pub extends: Sp<String>,
+    /// This variant's name (its run records and status index are its own).
+    pub name: Sp<String>,
+    /// Free text for humans.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Changes as `--set` takes them: `PATH: VALUE`, e.g. `stages.rollout.params.mode: flat`.
+    #[serde(default)]
+    #[schemars(extend("propertyNames" = {"pattern": SET_PATH_PATTERN}))]
+    pub set: OrderedMap<Sp<Value>>,
+}
+
+/// The paths `--set` and a variant's `set` accept (see `overrides.rs`).
+pub const SET_PATH_PATTERN: &str =
+    r"^(name|seed|store|params\.[^.]+(\.[^.]+)*|stages\.[^.]+\.(params\.[^.]+(\.[^.]+)*|retries|timeout|loop\.max_iterations))$";
+
 /// One stage (or one loop of stages).
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
