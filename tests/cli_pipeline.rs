@@ -234,6 +234,62 @@ fn shipped_pipelines_match_the_json_schema_and_broken_copies_fail_where_broken()
     assert!(variants >= 8 && pipelines >= 4, "{variants} variants, {pipelines} pipelines");
 }
 
+/// Evaluation trees hold both modes of every task: in DuckDB each node has a unique key, run,
+/// env, mode and band are filled, and every child joins to exactly one parent of its own mode one
+/// level up. `rao path` finds the files by instance name.
+#[test]
+fn evaluation_trees_have_unique_keys_and_join_to_their_parents_in_duckdb() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = "name: trees\nseed: 4\nstages:\n  \
+        tasks: {kind: synthesize, params: {bands: [easy, medium], per_band: 3, split: validation}}\n  \
+        rollout: {kind: rollout, inputs: {tasks: tasks.tasks}, params: {policy: expert, group_size: 2}}\n  \
+        evaluate: {kind: evaluate, inputs: {tasks: tasks.tasks}, params: {policy: expert, group_size: 2, modes: [recursive, flat]}}\n";
+    std::fs::write(dir.path().join("t.yaml"), body).unwrap();
+    let run = rao(&["run", "t.yaml"], dir.path());
+    assert!(run.status.success(), "{}", text(&run));
+    let python = std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let facts = |instance: &str| -> serde_json::Value {
+        let o = rao(&["path", "t.yaml", instance, "trees.parquet"], dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+        let path = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let out = Command::new(&python).arg(root.join("scripts/check_trees.py")).arg(&path).output().expect("python runs");
+        assert!(out.status.success(), "DuckDB could not read {path} (scripts/test installs it):\n{}", text(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (tasks, group) = (6, 2);
+    for instance in ["evaluate", "rollout"] {
+        let f = facts(instance);
+        assert_eq!(f["rows"], f["distinct_keys"], "{instance}: duplicate node keys: {f}");
+        assert_eq!(f["empty"], serde_json::json!({"run": 0, "env": 0, "mode": 0, "band": 0}), "{instance}: {f}");
+        assert_eq!(f["bands"], serde_json::json!(["easy", "medium"]), "{instance}: {f}");
+        let modes = f["per_mode"].as_object().unwrap();
+        let expected: &[&str] = if instance == "evaluate" { &["flat", "recursive"] } else { &["recursive"] };
+        assert_eq!(modes.keys().map(String::as_str).collect::<Vec<_>>(), expected, "{f}");
+        for (mode, m) in modes {
+            assert_eq!(m["roots"], tasks * group, "{instance} {mode}: one root per tree: {f}");
+            assert_eq!(m["joined"], m["children"], "{instance} {mode}: every child has exactly one parent: {f}");
+            assert_eq!(m["depth_ok"], m["children"], "{instance} {mode}: {f}");
+        }
+        assert!(modes["recursive"]["children"].as_u64().unwrap() > 0, "the expert delegates: {f}");
+        if instance == "evaluate" {
+            assert_eq!(modes["flat"]["children"], 0, "{f}");
+        }
+    }
+    // Inspect keeps the recursive and the flat tree of a task apart.
+    let o = rao(&["path", "t.yaml", "evaluate", "report/trees.parquet"], dir.path());
+    let trees = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let shown = text(&rao(&["inspect", &trees, "--limit", "100"], dir.path()));
+    let headers: Vec<&str> = shown.lines().filter(|l| l.starts_with("task ")).collect();
+    assert_eq!(headers.len(), 2 * tasks * group, "{shown}");
+    assert_eq!(headers.iter().filter(|h| h.contains(" flat tree ")).count(), tasks * group, "{shown}");
+    // Unknown instances and files are errors that name what exists.
+    let o = rao(&["path", "t.yaml", "evaluat"], dir.path());
+    assert!(!o.status.success() && text(&o).contains("did you mean `evaluate`?"), "{}", text(&o));
+    let o = rao(&["path", "t.yaml", "evaluate", "nope.parquet"], dir.path());
+    assert!(!o.status.success() && text(&o).contains("report/summary.json"), "{}", text(&o));
+}
+
 /// The long-document and multi-hop regimes through the very stage kinds TextCraft uses: task
 /// drawing, rollout, exact judge, advantage, evaluation; the same file and seed give the same
 /// tasks, and the expert's report shows recursion winning where a flat context overflows.

@@ -297,6 +297,7 @@ fn run_node(
             run: tree.meta.run.clone(),
             iteration: tree.meta.iteration,
             env: tree.meta.env.clone(),
+            mode: if tree.spec.recursive { "recursive" } else { "flat" }.to_string(),
             task_id: tree.spec.task_id.clone(),
             group: tree.spec.group,
             depth: depth as i32,

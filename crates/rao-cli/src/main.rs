@@ -1,5 +1,7 @@
 //! `rao`: validate, plan, run and inspect RAO training pipelines.
 
+mod artifacts;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -132,6 +134,17 @@ enum Command {
         /// it, the evaluations of the file as given now are read from the store by fingerprint.
         #[arg(long)]
         run: Option<String>,
+    },
+    /// Print where a finished stage instance's artifacts are (a local path, or a URL in the store).
+    Path {
+        #[command(flatten)]
+        p: PipelineArgs,
+        /// The instance (`evaluate`, `rollout@60`, `evaluate[window=64]`), or a stage name: its
+        /// last finished instance.
+        instance: String,
+        /// A file of it: `OUTPUT/PATH` or a file name (`trees.parquet`). Without it: the output
+        /// directory (or the instance's directory when it has several outputs).
+        file: Option<String>,
     },
     /// Print the JSON Schema of pipeline files.
     Schema,
@@ -328,6 +341,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             for r in reports {
                 println!("report: {}", r.display());
             }
+        }
+        Command::Path { p, instance, file } => {
+            let (c, store) = load(&p, &registry)?;
+            let rows = rao_pipeline::plan::rows(&c, &store).await?;
+            let row = artifacts::find_instance(&rows, &instance)?;
+            let manifest = artifacts::finished(&store, &c, row).await?;
+            println!("{}", artifacts::locate(&store, &manifest, file.as_deref())?);
         }
         Command::Schema => print!("{}", rao_pipeline::schema::pipeline_schema_text(&registry)),
     }

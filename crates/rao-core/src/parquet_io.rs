@@ -56,6 +56,8 @@ pub fn node_schema() -> Schema {
         s("run"),
         i("iteration"),
         s("env"),
+        s("mode"),
+        s("band"),
         s("task_id"),
         i("group"),
         i("node_id"),
@@ -140,6 +142,8 @@ pub fn nodes_to_parquet(nodes: &[NodeRecord]) -> IoResult<Bytes> {
         strings(&|n| Some(&n.run)),
         ints(&|n| Some(n.iteration)),
         strings(&|n| Some(&n.env)),
+        strings(&|n| Some(&n.mode)),
+        strings(&|n| Some(&n.band)),
         strings(&|n| Some(&n.task_id)),
         ints(&|n| Some(n.group)),
         ints(&|n| Some(n.node_id)),
@@ -229,6 +233,10 @@ pub fn nodes_from_parquet(bytes: Bytes) -> IoResult<Vec<NodeRecord>> {
         let l = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_list::<i32>().clone()) };
         let (run, env, task, goal, status, judge, result) =
             (s("run")?, s("env")?, s("task_id")?, s("goal")?, s("status")?, s("judge")?, s("result")?);
+        // Columns added later: files written before them read as empty strings.
+        let (mode, band) = (s("mode").ok(), s("band").ok());
+        let text_or_empty =
+            |a: &Option<arrow::array::StringArray>, r: usize| a.as_ref().map(|a| a.value(r).to_string()).unwrap_or_default();
         let (iteration, group, node_id, parent, depth, child, spawn, version, steps, ctx, gen_) = (
             i("iteration")?,
             i("group")?,
@@ -269,6 +277,8 @@ pub fn nodes_from_parquet(bytes: Bytes) -> IoResult<Vec<NodeRecord>> {
                 run: run.value(r).into(),
                 iteration: iteration.value(r),
                 env: env.value(r).into(),
+                mode: text_or_empty(&mode, r),
+                band: text_or_empty(&band, r),
                 task_id: task.value(r).into(),
                 group: group.value(r),
                 node_id: node_id.value(r),

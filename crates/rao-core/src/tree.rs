@@ -29,6 +29,10 @@ pub struct NodeRecord {
     pub run: String,
     pub iteration: i32,
     pub env: String,
+    /// `recursive` or `flat`: how the tree was run (an evaluation runs the same tasks both ways).
+    pub mode: String,
+    /// The task's report group: TextCraft band, document length, hop count (empty if it has none).
+    pub band: String,
     pub task_id: String,
     /// Which of the G trees of its task this node's tree is.
     pub group: i32,

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
+use rao_agent::RunMeta;
 use rao_core::NodeRecord;
 use rao_core::parquet_io::{Column, table_to_parquet};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
@@ -13,7 +14,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::envs;
-use crate::rollout::{ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, make_policy, rollout_trees, run_batch, tree_specs};
+use crate::rollout::{
+    ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, label_bands, make_policy, rollout_trees, run_batch, tree_specs,
+};
 use crate::training::write_trees;
 use crate::update::HISTORY_FILE;
 
@@ -124,7 +127,7 @@ pub struct Evaluate;
 impl TypedStage for Evaluate {
     type Params = EvaluateParams;
     const NAME: &'static str = "evaluate";
-    const VERSION: u32 = 5; // 2: mean root score column; any environment; 3: fused projections; 4: expert recovery; 5: fused CPU kernels
+    const VERSION: u32 = 6; // 2: mean root score column; any environment; 3: fused projections; 4: expert recovery; 5: fused CPU kernels; 6: trees with mode, band, run and env
     const DESCRIBE: &'static str = "held-out success per band (with 95% CI), tree shape, cost and wall-clock; Parquet + HTML report";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "checkpoint", required: false }];
     const OUTPUTS: &'static [&'static str] = &["report"];
@@ -147,6 +150,7 @@ impl TypedStage for Evaluate {
                 shard: None,
             };
             let policy = make_policy(&ctx, set.as_ref(), &rp).await?;
+            let meta = RunMeta { run: ctx.pipeline.clone(), iteration: 0, env: set.env().into() };
             let mut rows = Vec::new();
             let mut all_nodes = Vec::new();
             let mut depth_hist: BTreeMap<String, BTreeMap<i32, usize>> = BTreeMap::new();
@@ -158,11 +162,12 @@ impl TypedStage for Evaluate {
                     let mut trees = Vec::new();
                     for (position, &t) in all.iter().enumerate() {
                         let specs = tree_specs(set.as_ref(), std::iter::once((position, t)), mode, p.group_size, ctx.seed);
-                        trees.extend(run_batch(policy.clone(), specs, limits, Default::default()).await);
+                        trees.extend(run_batch(policy.clone(), specs, limits, meta.clone()).await);
                     }
+                    label_bands(set.as_ref(), &mut trees);
                     trees
                 } else {
-                    rollout_trees(set.as_ref(), &all, policy, mode, p.group_size, limits, Default::default(), ctx.seed).await
+                    rollout_trees(set.as_ref(), &all, policy, mode, p.group_size, limits, meta.clone(), ctx.seed).await
                 };
                 for group in set.label_order() {
                     let mine: Vec<&Vec<NodeRecord>> =

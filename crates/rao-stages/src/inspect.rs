@@ -7,20 +7,22 @@ use rao_core::NodeRecord;
 
 /// Render the trees of a node table; `task`/`group` filter, `limit` caps the number of trees.
 pub fn render(nodes: &[NodeRecord], task: Option<&str>, group: Option<i32>, limit: usize) -> String {
-    let mut trees: BTreeMap<(String, i32, i32), Vec<&NodeRecord>> = BTreeMap::new();
+    // A tree is (task, iteration, mode, group): an evaluation runs each task recursive and flat.
+    let mut trees: BTreeMap<(String, i32, String, i32), Vec<&NodeRecord>> = BTreeMap::new();
     for n in nodes {
         if task.is_some_and(|t| t != n.task_id) || group.is_some_and(|g| g != n.group) {
             continue;
         }
-        trees.entry((n.task_id.clone(), n.iteration, n.group)).or_default().push(n);
+        trees.entry((n.task_id.clone(), n.iteration, n.mode.clone(), n.group)).or_default().push(n);
     }
     let mut out = String::new();
     let total = trees.len();
-    for ((task, iteration, group), t) in trees.into_iter().take(limit) {
+    for ((task, iteration, mode, group), t) in trees.into_iter().take(limit) {
         let depth = t.iter().map(|n| n.depth).max().unwrap_or(0);
         let root = t.iter().find(|n| n.parent_id.is_none()).copied();
         out.push_str(&format!(
-            "task {task} · iteration {iteration} · tree {group} · root score {} · {} nodes · depth {depth}\n",
+            "task {task}{} · iteration {iteration} · {mode} tree {group} · root score {} · {} nodes · depth {depth}\n",
+            t.first().map(|n| n.band.as_str()).filter(|b| !b.is_empty()).map(|b| format!(" ({b})")).unwrap_or_default(),
             root.map(|r| r.score).unwrap_or(0.0),
             t.len()
         ));

@@ -178,7 +178,17 @@ pub async fn rollout_trees(
     seed: u64,
 ) -> Vec<Vec<NodeRecord>> {
     let specs = tree_specs(set, tasks.iter().copied().enumerate(), mode, group, seed);
-    run_batch(policy, specs, limits, meta).await
+    let mut trees = run_batch(policy, specs, limits, meta).await;
+    label_bands(set, &mut trees);
+    trees
+}
+
+/// Write each task's report group (band, length, hop count) into its trees' nodes.
+pub fn label_bands(set: &dyn TaskSet, trees: &mut [Vec<NodeRecord>]) {
+    let band_of: std::collections::HashMap<&str, String> = (0..set.len()).map(|i| (set.id(i), set.label(i))).collect();
+    for node in trees.iter_mut().flatten() {
+        node.band = band_of.get(node.task_id.as_str()).cloned().unwrap_or_default();
+    }
 }
 
 /// `group` trees per (position, task index); a tree's seed depends on its task's position, so

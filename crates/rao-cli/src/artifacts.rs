@@ -1,0 +1,76 @@
+//! `rao path`: where an instance's artifacts are, for the tools people read them with (DuckDB,
+//! pyarrow, a browser) — without copying hashed store paths by hand.
+
+use anyhow::{Context, bail};
+use rao_pipeline::plan::{Row, State};
+use rao_pipeline::store::{Manifest, manifest_key, object_dir, output_prefix};
+use rao_pipeline::{Compiled, Store};
+
+/// The row of an instance by name (`evaluate`, `rollout@60`, `evaluate[window=64]`); a stage
+/// name that expanded into one instance (a loop body stage: its last iteration) is accepted too.
+pub fn find_instance<'a>(rows: &'a [Row], name: &str) -> anyhow::Result<&'a Row> {
+    if let Some(r) = rows.iter().find(|r| r.instance == name) {
+        return Ok(r);
+    }
+    let of_stage: Vec<&Row> = rows.iter().filter(|r| r.stage == name && r.state == State::Done).collect();
+    if let Some(last) = of_stage.last() {
+        return Ok(last);
+    }
+    let names: Vec<&str> = rows.iter().map(|r| r.instance.as_str()).collect();
+    let hint = rao_pipeline::diag::did_you_mean(name, names.iter().copied()).unwrap_or_else(|| {
+        let shown: Vec<&str> = names.iter().copied().take(12).collect();
+        format!("instances: {}{}", shown.join(", "), if names.len() > 12 { ", …" } else { "" })
+    });
+    bail!("no stage instance `{name}` in this pipeline; {hint}")
+}
+
+/// The manifest of a finished instance, or an error that says how to produce it.
+pub async fn finished(store: &Store, c: &Compiled, row: &Row) -> anyhow::Result<Manifest> {
+    let fp = match (&row.state, &row.fingerprint) {
+        (State::Done, Some(fp)) => fp,
+        (state, _) => bail!(
+            "`{}` is {} in {} for this pipeline as given; produce it with `rao run {} --only {}`{}",
+            row.instance,
+            format!("{state:?}").to_lowercase(),
+            store.url(),
+            c.file.display(),
+            row.instance,
+            if row.reasons.is_empty() { String::new() } else { format!(" ({})", row.reasons.join("; ")) }
+        ),
+    };
+    store.get_json::<Manifest>(&manifest_key(fp)).await?.with_context(|| format!("`{}` has no manifest", row.instance))
+}
+
+/// The local path (or store URL) of an instance's file, output directory or object directory.
+/// `file` is `OUTPUT/PATH` or a bare file name looked up in every output.
+pub fn locate(store: &Store, m: &Manifest, file: Option<&str>) -> anyhow::Result<String> {
+    let key = match file {
+        None if m.outputs.len() == 1 => output_prefix(&m.fingerprint, m.outputs.keys().next().unwrap()),
+        None => object_dir(&m.fingerprint),
+        Some(f) => {
+            let hits: Vec<String> = m
+                .outputs
+                .iter()
+                .flat_map(|(out, files)| files.iter().map(move |e| (out, e)))
+                .filter(|(out, e)| {
+                    let file_name = e.path.rsplit('/').next();
+                    e.path == f || format!("{out}/{}", e.path) == f || (!f.contains('/') && file_name == Some(f))
+                })
+                .map(|(out, e)| format!("{}/{}", output_prefix(&m.fingerprint, out), e.path))
+                .collect();
+            match hits.as_slice() {
+                [one] => one.clone(),
+                [] => {
+                    let all: Vec<String> =
+                        m.outputs.iter().flat_map(|(out, files)| files.iter().map(move |e| format!("{out}/{}", e.path))).collect();
+                    bail!("`{}` has no file `{f}`; its files: {}", m.instance, all.join(", "))
+                }
+                many => bail!("`{f}` names several files of `{}`: {}; write OUTPUT/FILE", m.instance, many.join(", ")),
+            }
+        }
+    };
+    Ok(match store.local_path(&key) {
+        Some(p) => p.display().to_string(),
+        None => format!("{}/{key}", store.url().trim_end_matches('/')),
+    })
+}
