@@ -97,12 +97,17 @@ fn two_runs_from_scratch_give_identical_checkpoints_and_metrics() {
     };
     assert_eq!(training(&stores[0]), training(&stores[1]));
     assert!(training(&stores[0])[0]["loss"].is_number() || training(&stores[0])[0]["skipped"] == 1.0);
-    // The report is there and the summary prints.
+    // The summary prints and the run's page has what it must.
     let mut args = vec!["report", p.to_str().unwrap(), "--store", "s1"];
     args.extend(SHRINK);
     let o = rao(&args, dir.path());
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("recursive") && text.contains("flat") && text.contains("report.html"), "{text}");
+    assert!(text.contains("recursive") && text.contains("flat"), "{text}");
+    let page_path = text.lines().find_map(|l| l.strip_prefix("report: ")).unwrap_or_else(|| panic!("no page: {text}"));
+    let page = std::fs::read_to_string(page_path).unwrap();
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(stores[0].join("runs/textcraft-synth/latest.json")).unwrap()).unwrap();
+    report_page_has_what_it_must(&page, &rec);
     // Nothing changed: everything is cached.
     let mut args = vec!["run", p.to_str().unwrap(), "--store", "s1", "--json"];
     args.extend(SHRINK);
@@ -110,6 +115,47 @@ fn two_runs_from_scratch_give_identical_checkpoints_and_metrics() {
     let last = String::from_utf8_lossy(&o.stdout).lines().last().unwrap().to_string();
     let ev: serde_json::Value = serde_json::from_str(&last).unwrap();
     assert_eq!(ev["done"], 0, "{last}");
+}
+
+/// The run's HTML page: what ran, every evaluation with intervals, every recorded metric of the
+/// loop as a curve, depth and cost; self-contained (no scripts, nothing fetched).
+fn report_page_has_what_it_must(page: &str, rec: &serde_json::Value) {
+    let run_id = rec["run_id"].as_str().unwrap();
+    for must in [
+        "textcraft-synth",
+        run_id,
+        "seed</th><td>1<",
+        "--set stages.train.loop.max_iterations=2",
+        "rao 0.1.0 (commit ",
+        "Held-out evaluation",
+        "95% Wilson interval",
+        "Success by band",
+        "Tree depth by band",
+        "Tokens per task by band",
+        "Trees per maximum depth",
+        "Where the time went",
+        "Learning curves",
+    ] {
+        assert!(page.contains(must), "the report lacks `{must}`");
+    }
+    // Every metric every loop-body instance recorded has its curve.
+    let mut curves = 0;
+    for inst in rec["instances"].as_array().unwrap().iter().filter(|i| i["name"].as_str().unwrap().contains('@')) {
+        let series = inst["stage"].as_str().unwrap();
+        for metric in inst["metrics"].as_object().unwrap().keys() {
+            assert!(page.contains(&format!("{series} · {metric}")), "no curve of {series} · {metric}");
+            curves += 1;
+        }
+    }
+    assert!(curves >= 20, "{curves} metrics recorded");
+    // Every evaluation row with its interval: label, mode, band and "[lo, hi]".
+    for label in ["rao", "warmstart", "expert"] {
+        for band in ["easy", "medium", "hard"] {
+            assert!(page.contains(&format!("<td class='l'>{band}</td>")) && page.contains(&format!(">{label}</td>")), "{label} {band}");
+        }
+    }
+    assert!(page.matches("<svg").count() >= 8, "charts drawn");
+    assert!(!page.contains("<script") && !page.contains("src=") && !page.contains("href=\"http"), "self-contained");
 }
 
 /// RL on its own raises success. The warm start imitates a demonstrator that wastes 40% of its

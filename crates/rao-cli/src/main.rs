@@ -126,7 +126,7 @@ enum Command {
         limit: usize,
     },
     /// Print the evaluation summary of the pipeline as written (with its --set overrides), or of
-    /// a past run (--run ID).
+    /// a past run (--run ID), and write the run's HTML page (evaluations, curves, depth, cost).
     Report {
         #[command(flatten)]
         p: PipelineArgs,
@@ -134,6 +134,9 @@ enum Command {
         /// it, the evaluations of the file as given now are read from the store by fingerprint.
         #[arg(long)]
         run: Option<String>,
+        /// Write the HTML page here (default: `reports/PIPELINE/RUN.html` in the store).
+        #[arg(long, value_name = "PATH")]
+        html: Option<PathBuf>,
     },
     /// Print where a finished stage instance's artifacts are (a local path, or a URL in the store).
     Path {
@@ -198,6 +201,11 @@ fn executors(
     Ok(Arc::new(rao_pipeline::PerInstance { executors: per_instance, name }))
 }
 
+/// `rao 0.1.0 (commit 1234abcd5678)`: recorded with every run.
+fn code_version() -> String {
+    format!("rao {} (commit {})", env!("CARGO_PKG_VERSION"), env!("RAO_GIT_COMMIT"))
+}
+
 fn main() -> ExitCode {
     rao_stages::tune_allocator();
     let cli = Cli::parse();
@@ -209,6 +217,26 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Write the HTML page of `res`; returns where it is (a local path, or a URL in the store).
+async fn write_report(store: &Store, res: &rao_results::RunResults, to: Option<&std::path::Path>) -> anyhow::Result<String> {
+    let page = rao_results::html::page(res);
+    if let Some(path) = to {
+        std::fs::write(path, &page).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        return Ok(path.display().to_string());
+    }
+    let name = match (&res.run, res.evaluations.first()) {
+        (Some(r), _) => r.run_id.clone(),
+        (None, Some(e)) => format!("eval-{}", &e.fingerprint[..12.min(e.fingerprint.len())]),
+        (None, None) => "empty".into(),
+    };
+    let key = format!("reports/{}/{name}.html", res.pipeline);
+    store.put(&key, bytes::Bytes::from(page)).await?;
+    Ok(match store.local_path(&key) {
+        Some(p) => p.display().to_string(),
+        None => format!("{}/{key}", store.url().trim_end_matches('/')),
+    })
 }
 
 fn load(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<(Compiled, Store)> {
@@ -252,7 +280,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let reporter = if json { Reporter::json() } else { Reporter::auto() };
             let exec = executors(&c, executor, &ray_address, &registry, &store, &reporter)?;
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-            let opts = RunOptions { jobs, gpus, force, from, only, reporter, handle_ctrl_c: true };
+            let opts = RunOptions { jobs, gpus, force, from, only, reporter, handle_ctrl_c: true, code_version: code_version() };
             let record = rao_pipeline::run(Arc::new(c), exec, &store, opts).await?;
             let failures = record.failures();
             if !failures.is_empty() && !json {
@@ -283,64 +311,26 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let nodes = rao_core::parquet_io::nodes_from_parquet(bytes)?;
             print!("{}", rao_stages::inspect::render(&nodes, task.as_deref(), group, limit));
         }
-        Command::Report { p, run } => {
+        Command::Report { p, run, html } => {
             let (c, store) = load(&p, &registry)?;
-            // (instance name, fingerprint) of every evaluation to show.
-            let (evaluations, heading) = match run {
-                Some(run) => {
-                    let key = format!("runs/{}/{run}.json", c.name);
-                    let record: serde_json::Value = store
-                        .get_json(&key)
-                        .await?
-                        .ok_or_else(|| anyhow::anyhow!("no run record `{key}` in {}: run the pipeline first", store.url()))?;
-                    let evaluations = record["instances"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter(|inst| inst["kind"] == "evaluate")
-                        .filter_map(|inst| Some((inst["name"].as_str()?.to_string(), inst["fingerprint"].as_str()?.to_string())))
-                        .collect::<Vec<_>>();
-                    let heading = format!(
-                        "run {} ({}), status {}",
-                        record["run_id"].as_str().unwrap_or("?"),
-                        record["pipeline"].as_str().unwrap_or("?"),
-                        record["status"].as_str().unwrap_or("?")
-                    );
-                    (evaluations, heading)
-                }
-                None => {
-                    // The file as given now: a `--set seed=2` report shows seed 2's evaluations,
-                    // whichever run produced them (runs in parallel all write `latest`).
-                    let rows = rao_pipeline::plan::rows(&c, &store).await?;
-                    let mut evaluations = Vec::new();
-                    for r in rows.iter().filter(|r| r.kind == "evaluate") {
-                        match (&r.state, &r.fingerprint) {
-                            (rao_pipeline::plan::State::Done, Some(fp)) => evaluations.push((r.instance.clone(), fp.clone())),
-                            (state, _) => {
-                                eprintln!("{}: {state:?}, not in the store for this pipeline as given (run it first)", r.instance)
-                            }
-                        }
-                    }
-                    (evaluations, format!("pipeline {}: evaluations of the file as given, from {}", c.name, store.url()))
-                }
-            };
-            let mut rows = Vec::new();
-            let mut reports = Vec::new();
-            for (name, fp) in &evaluations {
-                let prefix = rao_pipeline::store::output_prefix(fp, "report");
-                match store.get_json::<Vec<rao_stages::evaluate::EvalRow>>(&format!("{prefix}/summary.json")).await? {
-                    Some(r) => rows.extend(r),
-                    None => eprintln!("{name}: not finished"),
-                }
-                if let Some(path) = store.local_path(&format!("{prefix}/report.html")) {
-                    reports.push(path);
-                }
+            let res = rao_results::RunResults::load(&c, &store, run.as_deref()).await?;
+            for (name, why) in res.missing.iter().filter(|(n, _)| c.instances.iter().any(|i| &i.name == n && i.kind == "evaluate")) {
+                eprintln!("{name}: not in the store for this pipeline as given ({why}); `rao run {}` produces it", p.pipeline.display());
             }
-            print!("{}", rao_stages::evaluate::table(&rows));
-            println!("{heading}");
-            for r in reports {
-                println!("report: {}", r.display());
+            let rows: Vec<_> = res.evaluations.iter().flat_map(|e| e.rows.iter().cloned()).collect();
+            print!("{}", rao_results::text::eval_table(&rows));
+            match &res.run {
+                Some(r) => println!(
+                    "pipeline {} · seed {} · run {} ({}) · {}",
+                    c.name,
+                    res.seed,
+                    r.run_id,
+                    r.status,
+                    rao_results::html::utc(r.started_at)
+                ),
+                None => println!("pipeline {} · seed {} · no run record names these results", c.name, res.seed),
             }
+            println!("report: {}", write_report(&store, &res, html.as_deref()).await?);
         }
         Command::Path { p, instance, file } => {
             let (c, store) = load(&p, &registry)?;

@@ -99,11 +99,22 @@ pub struct RunOptions {
     pub reporter: Reporter,
     /// Stop on Ctrl-C (the CLI); tests leave it off.
     pub handle_ctrl_c: bool,
+    /// The version of the code that runs (the CLI's version and commit), kept in the run record.
+    pub code_version: String,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { jobs: 1, gpus: 0, force: vec![], from: vec![], only: vec![], reporter: Reporter::silent(), handle_ctrl_c: false }
+        RunOptions {
+            jobs: 1,
+            gpus: 0,
+            force: vec![],
+            from: vec![],
+            only: vec![],
+            reporter: Reporter::silent(),
+            handle_ctrl_c: false,
+            code_version: String::new(),
+        }
     }
 }
 
@@ -142,6 +153,8 @@ pub struct RunRecord {
     pub executor: String,
     pub overrides: Vec<String>,
     pub resolved: serde_json::Value,
+    /// What `RunOptions::code_version` said (reports show which code measured what).
+    pub code_version: String,
     pub started_at: f64,
     pub finished_at: Option<f64>,
     pub status: String,
@@ -229,6 +242,7 @@ pub async fn run(c: Arc<Compiled>, executor: Arc<dyn Executor>, store: &Store, o
         executor: executor.name().to_string(),
         overrides: c.overrides.clone(),
         resolved: c.resolved.clone(),
+        code_version: opts.code_version.clone(),
         started_at: now_secs(),
         finished_at: None,
         status: "running".into(),

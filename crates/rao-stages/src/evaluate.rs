@@ -1,7 +1,7 @@
 //! `evaluate`: success on held-out tasks of every band (or other report group of the task's
 //! environment: tier range, document length, hop count), for the recursive agent and a flat
-//! baseline, with confidence intervals, tree shape, cost and wall-clock; metrics to Parquet and a
-//! self-contained HTML report with SVG plots.
+//! baseline, with confidence intervals, tree shape, cost and wall-clock; metrics and trees to
+//! Parquet (`rao report` draws the run's page from them).
 
 use std::collections::BTreeMap;
 
@@ -127,8 +127,10 @@ pub struct Evaluate;
 impl TypedStage for Evaluate {
     type Params = EvaluateParams;
     const NAME: &'static str = "evaluate";
-    const VERSION: u32 = 6; // 2: mean root score column; any environment; 3: fused projections; 4: expert recovery; 5: fused CPU kernels; 6: trees with mode, band, run and env
-    const DESCRIBE: &'static str = "held-out success per band (with 95% CI), tree shape, cost and wall-clock; Parquet + HTML report";
+    // 2: mean root score column; any environment; 3: fused projections; 4: expert recovery; 5: fused CPU kernels;
+    // 6: trees with mode, band, run and env; 7: no HTML page of its own (`rao report` draws one per run)
+    const VERSION: u32 = 7;
+    const DESCRIBE: &'static str = "held-out success per band (with 95% CI), tree shape, cost and wall-clock; trees and metrics as Parquet";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "checkpoint", required: false }];
     const OUTPUTS: &'static [&'static str] = &["report"];
 
@@ -153,7 +155,6 @@ impl TypedStage for Evaluate {
             let meta = RunMeta { run: ctx.pipeline.clone(), iteration: 0, env: set.env().into() };
             let mut rows = Vec::new();
             let mut all_nodes = Vec::new();
-            let mut depth_hist: BTreeMap<String, BTreeMap<i32, usize>> = BTreeMap::new();
             for &mode in &p.modes {
                 let mode_name = if mode == Mode::Recursive { "recursive" } else { "flat" };
                 let (limits, policy) = (p.limits.limits(mode), policy.clone());
@@ -175,10 +176,6 @@ impl TypedStage for Evaluate {
                     if mine.is_empty() {
                         continue;
                     }
-                    for t in &mine {
-                        let d = t.iter().map(|x| x.depth).max().unwrap_or(0);
-                        *depth_hist.entry(mode_name.to_string()).or_default().entry(d).or_default() += 1;
-                    }
                     let row = summarize(&label, mode_name, &group, &mine);
                     ctx.set_metric(&format!("{mode_name}_{group}_success"), row.success);
                     rows.push(row);
@@ -196,7 +193,6 @@ impl TypedStage for Evaluate {
             ctx.write_output("report", "metrics.parquet", &rows_to_parquet(&rows)?)?;
             ctx.write_output("report", "summary.json", serde_json::to_string_pretty(&rows)?.as_bytes())?;
             ctx.write_output("report", "history.json", serde_json::to_string_pretty(&history)?.as_bytes())?;
-            ctx.write_output("report", "report.html", crate::report::html(&label, &rows, &history, &depth_hist).as_bytes())?;
             Ok(())
         })
     }
@@ -221,31 +217,4 @@ fn rows_to_parquet(rows: &[EvalRow]) -> anyhow::Result<bytes::Bytes> {
         ("overflow_rate", f(&|r| r.overflow_rate)),
         ("seconds_per_task", f(&|r| r.seconds_per_task)),
     ])?)
-}
-
-/// The summary table as text (for `rao report`).
-pub fn table(rows: &[EvalRow]) -> String {
-    let mut s = format!(
-        "{:<18} {:<10} {:<13} {:>5} {:>8} {:>15} {:>6} {:>6} {:>6} {:>7} {:>8} {:>8} {:>8}\n",
-        "label", "mode", "band", "tasks", "success", "95% CI", "score", "depth", "nodes", "steps", "tokens", "overflow", "s/task"
-    );
-    for r in rows {
-        s.push_str(&format!(
-            "{:<18} {:<10} {:<13} {:>5} {:>8.2} {:>15} {:>6.2} {:>6.2} {:>6.1} {:>7.1} {:>8.0} {:>8.2} {:>8.4}\n",
-            r.label,
-            r.mode,
-            r.band,
-            r.tasks,
-            r.success,
-            format!("[{:.2}, {:.2}]", r.ci_low, r.ci_high),
-            r.mean_score,
-            r.mean_depth,
-            r.mean_nodes,
-            r.steps_per_task,
-            r.tokens_per_task,
-            r.overflow_rate,
-            r.seconds_per_task
-        ));
-    }
-    s
 }

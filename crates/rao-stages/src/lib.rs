@@ -28,7 +28,6 @@ pub mod evaluate;
 pub mod judge;
 pub mod llm_judge;
 pub mod neural;
-pub mod report;
 pub mod training;
 pub mod update;
 pub mod warmstart;

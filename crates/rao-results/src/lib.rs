@@ -1,0 +1,10 @@
+//! What runs produced, for the people reading them: one HTML report per run, comparisons of
+//! variants and seeds with intervals and significance, and export to TensorBoard and MLflow.
+//! Everything here reads the store; nothing trains.
+
+pub mod html;
+pub mod plots;
+pub mod results;
+pub mod text;
+
+pub use results::RunResults;

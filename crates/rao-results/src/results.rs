@@ -1,0 +1,274 @@
+//! Everything the store says about one run of a pipeline as given: the run that produced its
+//! evaluations, every evaluation, the metric every instance recorded (per loop iteration: the
+//! learning curves), and what each stage cost.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::Context;
+use rao_pipeline::plan::State;
+use rao_pipeline::store::{Manifest, manifest_key, output_prefix};
+use rao_pipeline::{Compiled, Store};
+use rao_stages::evaluate::EvalRow;
+use serde::Serialize;
+use serde_json::Value;
+
+/// The run record's facts a report shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunInfo {
+    pub run_id: String,
+    pub status: String,
+    pub started_at: f64,
+    pub finished_at: Option<f64>,
+    /// Empty for runs recorded before rao kept it.
+    pub code_version: String,
+    pub executor: String,
+}
+
+/// One finished instance and what its manifest says.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub name: String,
+    pub stage: String,
+    pub kind: String,
+    pub manifest: Manifest,
+}
+
+impl Instance {
+    /// `k` of a loop-body instance `stage@k` (or `stage@k[key=value]`).
+    pub fn iteration(&self) -> Option<u32> {
+        let rest = self.name.split_once('@')?.1;
+        rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    }
+    /// The instance name without its iteration: what one learning curve follows.
+    pub fn series(&self) -> String {
+        match self.name.split_once('@') {
+            Some((stage, rest)) => format!("{stage}{}", rest.trim_start_matches(|c: char| c.is_ascii_digit())),
+            None => self.name.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Evaluation {
+    pub instance: String,
+    pub fingerprint: String,
+    pub rows: Vec<EvalRow>,
+    /// Trees per maximum depth, per mode.
+    pub depths: BTreeMap<String, BTreeMap<i32, usize>>,
+}
+
+/// One metric of one loop-body stage over the iterations.
+#[derive(Debug, Clone, Serialize)]
+pub struct Curve {
+    pub series: String,
+    pub metric: String,
+    pub points: Vec<(u32, f64)>,
+}
+
+/// Wall-clock the instances of one stage took when they ran (cached ones included: what these
+/// results cost to produce).
+#[derive(Debug, Clone, Serialize)]
+pub struct StageCost {
+    pub stage: String,
+    pub kind: String,
+    pub instances: usize,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResults {
+    pub pipeline: String,
+    pub file: String,
+    pub store: String,
+    pub seed: u64,
+    pub overrides: Vec<String>,
+    /// The pipeline after variants and overrides (what ran).
+    pub resolved: Value,
+    pub run: Option<RunInfo>,
+    pub evaluations: Vec<Evaluation>,
+    pub curves: Vec<Curve>,
+    /// Metrics of instances outside loops (the warm start's gate, …): (instance, metric, value).
+    pub metrics: Vec<(String, String, f64)>,
+    pub costs: Vec<StageCost>,
+    /// Instances not in the store for the file as given, with why.
+    pub missing: Vec<(String, String)>,
+}
+
+impl RunResults {
+    /// The results of the pipeline as given (`run == None`: found by fingerprint, whichever run
+    /// produced them), or of a past run by id (`latest`: the last one started).
+    pub async fn load(c: &Compiled, store: &Store, run: Option<&str>) -> anyhow::Result<Self> {
+        let (named, missing, record) = match run {
+            Some(id) => {
+                let key = format!("runs/{}/{id}.json", c.name);
+                let record: Value = store
+                    .get_json(&key)
+                    .await?
+                    .with_context(|| format!("no run record `{key}` in {}: run the pipeline first", store.url()))?;
+                let (named, missing) = instances_of_record(&record);
+                (named, missing, Some(record))
+            }
+            None => {
+                let rows = rao_pipeline::plan::rows(c, store).await?;
+                let mut named = Vec::new();
+                let mut missing = Vec::new();
+                for r in rows {
+                    match (&r.state, &r.fingerprint) {
+                        (State::Done, Some(fp)) => named.push((r.instance, r.stage, r.kind, fp.clone())),
+                        (state, _) => {
+                            let why = if r.reasons.is_empty() { format!("{state:?}").to_lowercase() } else { r.reasons.join("; ") };
+                            missing.push((r.instance, why));
+                        }
+                    }
+                }
+                let evals: BTreeSet<String> = named.iter().filter(|n| n.2 == "evaluate").map(|n| n.3.clone()).collect();
+                let record = producing_run(store, &c.name, &evals).await?;
+                (named, missing, record)
+            }
+        };
+        let mut instances = Vec::new();
+        for (name, stage, kind, fp) in named {
+            if let Some(manifest) = store.get_json::<Manifest>(&manifest_key(&fp)).await? {
+                instances.push(Instance { name, stage, kind, manifest });
+            }
+        }
+        let mut evaluations = Vec::new();
+        for i in instances.iter().filter(|i| i.kind == "evaluate") {
+            evaluations.push(load_evaluation(store, i).await?);
+        }
+        let resolved = record.as_ref().map(|r| r["resolved"].clone()).unwrap_or_else(|| c.resolved.clone());
+        Ok(RunResults {
+            pipeline: c.name.clone(),
+            file: c.file.display().to_string(),
+            store: store.url().to_string(),
+            seed: resolved["seed"].as_u64().unwrap_or(0),
+            overrides: record
+                .as_ref()
+                .and_then(|r| serde_json::from_value(r["overrides"].clone()).ok())
+                .unwrap_or_else(|| c.overrides.clone()),
+            run: record.as_ref().map(run_info),
+            resolved,
+            evaluations,
+            curves: curves(&instances),
+            metrics: instances
+                .iter()
+                .filter(|i| i.iteration().is_none())
+                .flat_map(|i| i.manifest.metrics.iter().map(move |(m, v)| (i.name.clone(), m.clone(), *v)))
+                .collect(),
+            costs: costs(&instances),
+            missing,
+        })
+    }
+}
+
+type Named = (String, String, String, String);
+
+fn instances_of_record(record: &Value) -> (Vec<Named>, Vec<(String, String)>) {
+    let mut named = Vec::new();
+    let mut missing = Vec::new();
+    for inst in record["instances"].as_array().into_iter().flatten() {
+        let s = |k: &str| inst[k].as_str().unwrap_or("").to_string();
+        match (s("status").as_str(), inst["fingerprint"].as_str()) {
+            ("done" | "cached", Some(fp)) => named.push((s("name"), s("stage"), s("kind"), fp.to_string())),
+            (status, _) => {
+                missing.push((s("name"), format!("{status}{}", inst["reason"].as_str().map(|r| format!(": {r}")).unwrap_or_default())))
+            }
+        }
+    }
+    (named, missing)
+}
+
+fn run_info(r: &Value) -> RunInfo {
+    let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
+    RunInfo {
+        run_id: s("run_id"),
+        status: s("status"),
+        started_at: r["started_at"].as_f64().unwrap_or(0.0),
+        finished_at: r["finished_at"].as_f64(),
+        code_version: s("code_version"),
+        executor: s("executor"),
+    }
+}
+
+/// The newest run that computed (else: used) one of these evaluations.
+async fn producing_run(store: &Store, pipeline: &str, evaluations: &BTreeSet<String>) -> anyhow::Result<Option<Value>> {
+    if evaluations.is_empty() {
+        return Ok(None);
+    }
+    let mut best: Option<(bool, f64, Value)> = None;
+    for (key, _) in store.list(&format!("runs/{pipeline}/")).await? {
+        if key.ends_with("/latest.json") {
+            continue;
+        }
+        let Some(r) = store.get_json::<Value>(&key).await? else { continue };
+        let mut computed = false;
+        let mut used = false;
+        for i in r["instances"].as_array().into_iter().flatten() {
+            if i["fingerprint"].as_str().is_some_and(|fp| evaluations.contains(fp)) {
+                used |= matches!(i["status"].as_str(), Some("done" | "cached"));
+                computed |= i["status"] == "done";
+            }
+        }
+        let rank = (computed, r["started_at"].as_f64().unwrap_or(0.0));
+        if used && best.as_ref().is_none_or(|(c, t, _)| rank > (*c, *t)) {
+            best = Some((rank.0, rank.1, r));
+        }
+    }
+    Ok(best.map(|(_, _, r)| r))
+}
+
+async fn load_evaluation(store: &Store, i: &Instance) -> anyhow::Result<Evaluation> {
+    let prefix = output_prefix(&i.manifest.fingerprint, "report");
+    let rows: Vec<EvalRow> = store.get_json(&format!("{prefix}/summary.json")).await?.unwrap_or_default();
+    let mut depths: BTreeMap<String, BTreeMap<i32, usize>> = BTreeMap::new();
+    if let Some(bytes) = store.get_opt(&format!("{prefix}/trees.parquet")).await? {
+        let nodes = rao_core::parquet_io::nodes_from_parquet(bytes)?;
+        let mut deepest: BTreeMap<(String, String, i32), i32> = BTreeMap::new();
+        for n in &nodes {
+            let d = deepest.entry((n.mode.clone(), n.task_id.clone(), n.group)).or_insert(0);
+            *d = (*d).max(n.depth);
+        }
+        for ((mode, _, _), d) in deepest {
+            *depths.entry(if mode.is_empty() { "?".into() } else { mode }).or_default().entry(d).or_default() += 1;
+        }
+    }
+    Ok(Evaluation { instance: i.name.clone(), fingerprint: i.manifest.fingerprint.clone(), rows, depths })
+}
+
+fn curves(instances: &[Instance]) -> Vec<Curve> {
+    let mut by: BTreeMap<(String, String), Vec<(u32, f64)>> = BTreeMap::new();
+    let mut order: Vec<(String, String)> = Vec::new();
+    for i in instances {
+        let Some(k) = i.iteration() else { continue };
+        for (metric, v) in &i.manifest.metrics {
+            let key = (i.series(), metric.clone());
+            if !by.contains_key(&key) {
+                order.push(key.clone());
+            }
+            by.entry(key).or_default().push((k, *v));
+        }
+    }
+    order
+        .into_iter()
+        .map(|key| {
+            let mut points = by.remove(&key).unwrap_or_default();
+            points.sort_by_key(|p| p.0);
+            Curve { series: key.0, metric: key.1, points }
+        })
+        .collect()
+}
+
+fn costs(instances: &[Instance]) -> Vec<StageCost> {
+    let mut out: Vec<StageCost> = Vec::new();
+    for i in instances {
+        let secs = (i.manifest.finished_at - i.manifest.started_at).max(0.0);
+        match out.iter_mut().find(|c| c.stage == i.stage) {
+            Some(c) => {
+                c.instances += 1;
+                c.seconds += secs;
+            }
+            None => out.push(StageCost { stage: i.stage.clone(), kind: i.kind.clone(), instances: 1, seconds: secs }),
+        }
+    }
+    out
+}
