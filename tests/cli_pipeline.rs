@@ -234,6 +234,55 @@ fn shipped_pipelines_match_the_json_schema_and_broken_copies_fail_where_broken()
     assert!(variants >= 8 && pipelines >= 4, "{variants} variants, {pipelines} pipelines");
 }
 
+/// `rao compare` reads the store: parameters that differ, every metric per pipeline with
+/// intervals and a significance mark, in markdown, CSV and JSON; what is missing is named with
+/// the command that produces it, and nothing runs.
+#[test]
+fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = "name: cmp\nseed: 1\nparams: {window: 96}\nstages:\n  \
+        tasks: {kind: synthesize, params: {bands: [medium], per_band: 8, split: validation, world_seed: 1}}\n  \
+        eval: {kind: evaluate, inputs: {tasks: tasks.tasks}, params: {policy: expert, label: expert, modes: [recursive, flat], limits: {window: \"${params.window}\", max_depth: 6, max_children: 4}}}\n";
+    std::fs::write(dir.path().join("a.yaml"), base).unwrap();
+    std::fs::write(dir.path().join("b.yaml"), "extends: a.yaml\nname: cmp-wide\nset:\n  params.window: 640\n").unwrap();
+    for (file, seed) in [("a.yaml", "1"), ("a.yaml", "2"), ("b.yaml", "1")] {
+        let o = rao(&["run", file, "--set", &format!("seed={seed}")], dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let objects = || std::fs::read_dir(dir.path().join(".rao/store/objects")).unwrap().count();
+    let before = objects();
+    let md = rao(&["compare", "a.yaml", "b.yaml", "--seeds", "1,2"], dir.path());
+    assert!(md.status.success(), "{}", text(&md));
+    let out = String::from_utf8_lossy(&md.stdout).to_string();
+    assert!(out.contains("| `params.window` | 96 | 640 |"), "{out}");
+    assert!(out.contains("| `name` | cmp | cmp-wide |"), "{out}");
+    // Flat Medium: the expert overflows 96 tokens (0 of 8, in both seeds) and fits in 640 (8 of 8).
+    let flat = out.lines().find(|l| l.starts_with("| eval (expert) | flat | medium |")).unwrap_or_else(|| panic!("{out}"));
+    assert!(flat.contains("| 0.00 [0.00, 0.00] | 1.00 [0.68, 1.00] ** |"), "{flat}");
+    let rec = out.lines().find(|l| l.starts_with("| eval (expert) | recursive | medium |")).unwrap();
+    assert!(!rec.contains('*'), "the recursive expert solves all in both: {rec}");
+    assert!(out.contains("cmp-wide seed 2 (eval): `rao run b.yaml --set seed=2`"), "{out}");
+    assert_eq!(objects(), before, "compare runs nothing");
+
+    let csv = rao(&["compare", "a.yaml", "b.yaml", "--seeds", "1,2", "--format", "csv", "--metric", "success"], dir.path());
+    assert!(String::from_utf8_lossy(&csv.stderr).contains("missing: cmp-wide seed 2"), "{}", text(&csv));
+    let csv = String::from_utf8_lossy(&csv.stdout).to_string();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].starts_with("pipeline,file,evaluation,label,mode,band,metric,seeds,value,ci_low,ci_high,p_vs_first"), "{csv}");
+    assert_eq!(lines.len(), 1 + 4, "2 modes × 2 pipelines: {csv}");
+    let b_flat = lines.iter().find(|l| l.starts_with("cmp-wide,") && l.contains(",flat,")).unwrap();
+    assert!(b_flat.contains(",success,1,1,") && b_flat.ends_with(",fisher,**"), "{b_flat}");
+
+    let json = rao(&["compare", "a.yaml", "b.yaml", "--seeds", "1,2", "--format", "json"], dir.path());
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["pipelines"][0][2], serde_json::json!([1, 2]));
+    assert_eq!(v["missing"][0]["command"], "rao run b.yaml --set seed=2");
+    let cell = v["cells"].as_array().unwrap().iter().find(|c| c["arm"] == 0 && c["mode"] == "flat" && c["metric"] == "success").unwrap();
+    assert_eq!(cell["seeds"], serde_json::json!([1, 2]));
+    let bad = rao(&["compare", "a.yaml", "--metric", "sucess"], dir.path());
+    assert!(!bad.status.success() && text(&bad).contains("unknown metric `sucess`"), "{}", text(&bad));
+}
+
 /// Evaluation trees hold both modes of every task: in DuckDB each node has a unique key, run,
 /// env, mode and band are filled, and every child joins to exactly one parent of its own mode one
 /// level up. `rao path` finds the files by instance name.

@@ -36,6 +36,13 @@ enum Format {
     Json,
 }
 
+#[derive(Copy, Clone, ValueEnum)]
+enum CompareFormat {
+    Markdown,
+    Csv,
+    Json,
+}
+
 #[derive(Copy, Clone, ValueEnum, PartialEq)]
 enum ExecutorKind {
     /// Run stages inside this process.
@@ -138,6 +145,30 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         html: Option<PathBuf>,
     },
+    /// Put pipelines (variants) side by side over seeds: the parameters that differ and every
+    /// evaluation metric with 95% intervals and a significance mark against the first pipeline.
+    /// Reads the store only; `rao run` produces what is missing (the commands are printed).
+    Compare {
+        /// Pipeline files; the first is the baseline the others are tested against.
+        #[arg(required = true)]
+        pipelines: Vec<PathBuf>,
+        /// An override for every pipeline: `params.lr=0.001`.
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
+        /// Seeds to compare over, e.g. `1,2,3` (each pipeline with `--set seed=N`); default: each
+        /// file's own seed.
+        #[arg(long, value_delimiter = ',')]
+        seeds: Vec<u64>,
+        /// Use this store instead of each pipeline's own.
+        #[arg(long)]
+        store: Option<String>,
+        #[arg(long, value_enum, default_value = "markdown")]
+        format: CompareFormat,
+        /// Only these metrics (comma-separated): success, mean_score, mean_depth, mean_nodes,
+        /// steps_per_task, tokens_per_task, overflow_rate, seconds_per_task. Default: all.
+        #[arg(long, value_delimiter = ',')]
+        metric: Vec<String>,
+    },
     /// Print where a finished stage instance's artifacts are (a local path, or a URL in the store).
     Path {
         #[command(flatten)]
@@ -239,6 +270,38 @@ async fn write_report(store: &Store, res: &rao_results::RunResults, to: Option<&
     })
 }
 
+/// One pipeline of `rao compare`: its evaluations for every seed, read from the store.
+async fn compare_arm(
+    file: &std::path::Path,
+    set: &[String],
+    seeds: &[u64],
+    store: Option<&str>,
+    registry: &Registry,
+) -> anyhow::Result<rao_results::compare::Arm> {
+    let seeds: Vec<Option<u64>> = if seeds.is_empty() { vec![None] } else { seeds.iter().copied().map(Some).collect() };
+    let mut runs = Vec::new();
+    let (mut name, mut resolved) = (String::new(), serde_json::Value::Null);
+    for seed in seeds {
+        let mut overrides = set.to_vec();
+        overrides.extend(seed.map(|s| format!("seed={s}")));
+        let p = PipelineArgs { pipeline: file.to_path_buf(), set: overrides, store: store.map(str::to_string) };
+        let (c, st) = load(&p, registry)?;
+        let (evaluations, missing) = rao_results::results::evaluations(&c, &st).await?;
+        if resolved.is_null() {
+            (name, resolved) = (c.name.clone(), c.resolved.clone());
+        }
+        let mut command = format!("rao run {}", file.display());
+        for o in &p.set {
+            command.push_str(&format!(" --set {o}"));
+        }
+        if let Some(s) = store {
+            command.push_str(&format!(" --store {s}"));
+        }
+        runs.push(rao_results::compare::SeedRun { seed: c.resolved["seed"].as_u64().unwrap_or(0), evaluations, missing, command });
+    }
+    Ok(rao_results::compare::Arm { file: file.display().to_string(), name, resolved, runs })
+}
+
 fn load(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<(Compiled, Store)> {
     let mut c = rao_pipeline::load(&p.pipeline, &p.set, registry).map_err(|d| anyhow::anyhow!("{d}"))?;
     if let Some(s) = &p.store {
@@ -331,6 +394,36 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 None => println!("pipeline {} · seed {} · no run record names these results", c.name, res.seed),
             }
             println!("report: {}", write_report(&store, &res, html.as_deref()).await?);
+        }
+        Command::Compare { pipelines, set, seeds, store, format, metric } => {
+            let metrics = match metric.is_empty() {
+                true => rao_results::compare::Metric::ALL.to_vec(),
+                false => metric
+                    .iter()
+                    .map(|m| {
+                        rao_results::compare::Metric::parse(m).ok_or_else(|| {
+                            let names: Vec<&str> = rao_results::compare::Metric::ALL.iter().map(|m| m.name()).collect();
+                            anyhow::anyhow!("unknown metric `{m}`; one of {}", names.join(", "))
+                        })
+                    })
+                    .collect::<anyhow::Result<_>>()?,
+            };
+            let mut arms = Vec::new();
+            for file in &pipelines {
+                arms.push(compare_arm(file, &set, &seeds, store.as_deref(), &registry).await?);
+            }
+            let cmp = rao_results::compare::compare(&arms, &metrics);
+            print!(
+                "{}",
+                match format {
+                    CompareFormat::Markdown => rao_results::compare_out::markdown(&cmp),
+                    CompareFormat::Csv => rao_results::compare_out::csv(&cmp),
+                    CompareFormat::Json => rao_results::compare_out::json(&cmp),
+                }
+            );
+            for m in cmp.missing.iter().filter(|_| !matches!(format, CompareFormat::Markdown)) {
+                eprintln!("missing: {} seed {} ({}): run `{}`", m.pipeline, m.seed, m.instances.join(", "), m.command);
+            }
         }
         Command::Path { p, instance, file } => {
             let (c, store) = load(&p, &registry)?;

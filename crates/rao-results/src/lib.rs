@@ -2,9 +2,12 @@
 //! variants and seeds with intervals and significance, and export to TensorBoard and MLflow.
 //! Everything here reads the store; nothing trains.
 
+pub mod compare;
+pub mod compare_out;
 pub mod html;
 pub mod plots;
 pub mod results;
+pub mod stats;
 pub mod text;
 
 pub use results::RunResults;

@@ -161,6 +161,24 @@ impl RunResults {
     }
 }
 
+/// The evaluations of the pipeline as given (instance, rows), and the evaluate instances that are
+/// not in the store — without reading trees or any other instance (what `compare` needs).
+pub async fn evaluations(c: &Compiled, store: &Store) -> anyhow::Result<(Vec<(String, Vec<EvalRow>)>, Vec<String>)> {
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for r in rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.kind == "evaluate") {
+        let rows = match (&r.state, &r.fingerprint) {
+            (State::Done, Some(fp)) => store.get_json::<Vec<EvalRow>>(&format!("{}/summary.json", output_prefix(fp, "report"))).await?,
+            _ => None,
+        };
+        match rows {
+            Some(rows) => found.push((r.instance, rows)),
+            None => missing.push(r.instance),
+        }
+    }
+    Ok((found, missing))
+}
+
 type Named = (String, String, String, String);
 
 fn instances_of_record(record: &Value) -> (Vec<Named>, Vec<(String, String)>) {

@@ -1,0 +1,281 @@
+//! `rao compare`: pipelines (variants) side by side, each over one or more seeds — the parameters
+//! that differ, and every evaluation metric with a 95% interval and a test against the first
+//! pipeline. Pure computation over results already in the store.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use rao_stages::evaluate::EvalRow;
+
+use crate::stats;
+
+/// The evaluation metrics compared, in table order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    Success,
+    MeanScore,
+    MeanDepth,
+    MeanNodes,
+    StepsPerTask,
+    TokensPerTask,
+    OverflowRate,
+    SecondsPerTask,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 8] = [
+        Metric::Success,
+        Metric::MeanScore,
+        Metric::MeanDepth,
+        Metric::MeanNodes,
+        Metric::StepsPerTask,
+        Metric::TokensPerTask,
+        Metric::OverflowRate,
+        Metric::SecondsPerTask,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Success => "success",
+            Metric::MeanScore => "mean_score",
+            Metric::MeanDepth => "mean_depth",
+            Metric::MeanNodes => "mean_nodes",
+            Metric::StepsPerTask => "steps_per_task",
+            Metric::TokensPerTask => "tokens_per_task",
+            Metric::OverflowRate => "overflow_rate",
+            Metric::SecondsPerTask => "seconds_per_task",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Metric> {
+        Metric::ALL.into_iter().find(|m| m.name() == s)
+    }
+    pub fn of(self, r: &EvalRow) -> f64 {
+        match self {
+            Metric::Success => r.success,
+            Metric::MeanScore => r.mean_score,
+            Metric::MeanDepth => r.mean_depth,
+            Metric::MeanNodes => r.mean_nodes,
+            Metric::StepsPerTask => r.steps_per_task,
+            Metric::TokensPerTask => r.tokens_per_task,
+            Metric::OverflowRate => r.overflow_rate,
+            Metric::SecondsPerTask => r.seconds_per_task,
+        }
+    }
+}
+
+/// One seed of one pipeline: its evaluations as found in the store.
+#[derive(Debug, Clone)]
+pub struct SeedRun {
+    pub seed: u64,
+    /// (evaluate instance, its rows).
+    pub evaluations: Vec<(String, Vec<EvalRow>)>,
+    /// Evaluate instances not in the store, and the command that produces them.
+    pub missing: Vec<String>,
+    pub command: String,
+}
+
+/// One pipeline file (a variant, usually) over its seeds.
+#[derive(Debug, Clone)]
+pub struct Arm {
+    pub file: String,
+    pub name: String,
+    /// The pipeline after variants and overrides (of its first seed).
+    pub resolved: Value,
+    pub runs: Vec<SeedRun>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ParamDiff {
+    pub path: String,
+    /// One per arm (`None`: not set there).
+    pub values: Vec<Option<Value>>,
+}
+
+/// One metric of one (evaluation, mode, band) for one arm.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub evaluation: String,
+    pub mode: String,
+    pub band: String,
+    pub metric: Metric,
+    pub arm: usize,
+    pub label: String,
+    /// Seeds that have this row, and their values.
+    pub seeds: Vec<u64>,
+    pub per_seed: Vec<f64>,
+    /// Mean over seeds.
+    pub value: f64,
+    /// 95%: Wilson for one seed's success, t over seeds for several; `None` where neither applies.
+    pub ci: Option<(f64, f64)>,
+    /// Two-sided test against the first arm's cell (none for the first arm).
+    pub p: Option<f64>,
+    pub test: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Missing {
+    pub pipeline: String,
+    pub seed: u64,
+    pub instances: Vec<String>,
+    pub command: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub pipelines: Vec<(String, String, Vec<u64>)>,
+    pub params: Vec<ParamDiff>,
+    pub cells: Vec<Cell>,
+    pub missing: Vec<Missing>,
+}
+
+pub fn compare(arms: &[Arm], metrics: &[Metric]) -> Comparison {
+    let keys = row_keys(arms);
+    let mut cells = Vec::new();
+    for key in &keys {
+        for &metric in metrics {
+            let first = cell(&arms[0], 0, key, metric);
+            for (a, arm) in arms.iter().enumerate() {
+                let Some(mut c) = (if a == 0 { first.clone() } else { cell(arm, a, key, metric) }) else { continue };
+                if a > 0 {
+                    if let Some(base) = &first {
+                        let (p, test) = test(base, &c, arms, key);
+                        c.p = p;
+                        c.test = test;
+                    }
+                }
+                cells.push(c);
+            }
+        }
+    }
+    // A metric that equals success everywhere (scores of 0 or 1) adds nothing.
+    let redundant = |m: Metric| m == Metric::MeanScore && rows_of(arms).all(|r| (r.mean_score - r.success).abs() < 1e-9);
+    cells.retain(|c| !redundant(c.metric));
+    Comparison {
+        pipelines: arms.iter().map(|a| (a.name.clone(), a.file.clone(), a.runs.iter().map(|r| r.seed).collect())).collect(),
+        params: param_diffs(arms),
+        cells,
+        missing: arms
+            .iter()
+            .flat_map(|a| {
+                a.runs.iter().filter(|r| !r.missing.is_empty()).map(|r| Missing {
+                    pipeline: a.name.clone(),
+                    seed: r.seed,
+                    instances: r.missing.clone(),
+                    command: r.command.clone(),
+                })
+            })
+            .collect(),
+    }
+}
+
+type Key = (String, String, String);
+
+fn rows_of(arms: &[Arm]) -> impl Iterator<Item = &EvalRow> {
+    arms.iter().flat_map(|a| a.runs.iter().flat_map(|r| r.evaluations.iter().flat_map(|(_, rows)| rows.iter())))
+}
+
+/// (evaluation instance, mode, band) in order of first appearance.
+fn row_keys(arms: &[Arm]) -> Vec<Key> {
+    let mut keys: Vec<Key> = Vec::new();
+    for a in arms {
+        for r in &a.runs {
+            for (inst, rows) in &r.evaluations {
+                for row in rows {
+                    let k = (inst.clone(), row.mode.clone(), row.band.clone());
+                    if !keys.contains(&k) {
+                        keys.push(k);
+                    }
+                }
+            }
+        }
+    }
+    keys
+}
+
+fn rows_for<'a>(arm: &'a Arm, key: &Key) -> Vec<(u64, &'a EvalRow)> {
+    arm.runs
+        .iter()
+        .filter_map(|r| {
+            let rows = &r.evaluations.iter().find(|(i, _)| *i == key.0)?.1;
+            Some((r.seed, rows.iter().find(|x| x.mode == key.1 && x.band == key.2)?))
+        })
+        .collect()
+}
+
+fn cell(arm: &Arm, a: usize, key: &Key, metric: Metric) -> Option<Cell> {
+    let rows = rows_for(arm, key);
+    let (_, first) = rows.first()?;
+    let per_seed: Vec<f64> = rows.iter().map(|(_, r)| metric.of(r)).collect();
+    let value = per_seed.iter().sum::<f64>() / per_seed.len() as f64;
+    let ci = match (rows.len(), metric) {
+        (1, Metric::Success) => Some((first.ci_low, first.ci_high)),
+        (1, _) => None,
+        _ => stats::t_interval(&per_seed).map(|(_, lo, hi)| if metric == Metric::Success { (lo.max(0.0), hi.min(1.0)) } else { (lo, hi) }),
+    };
+    Some(Cell {
+        evaluation: key.0.clone(),
+        mode: key.1.clone(),
+        band: key.2.clone(),
+        metric,
+        arm: a,
+        label: first.label.clone(),
+        seeds: rows.iter().map(|(s, _)| *s).collect(),
+        per_seed,
+        value,
+        ci,
+        p: None,
+        test: None,
+    })
+}
+
+/// Welch over seeds where both sides have two or more; for success otherwise Fisher's exact
+/// test on the tasks pooled over seeds.
+fn test(base: &Cell, c: &Cell, arms: &[Arm], key: &Key) -> (Option<f64>, Option<&'static str>) {
+    if base.per_seed.len() >= 2 && c.per_seed.len() >= 2 {
+        return (stats::welch(&base.per_seed, &c.per_seed), Some("welch"));
+    }
+    if c.metric != Metric::Success {
+        return (None, None);
+    }
+    let pooled = |arm: &Arm| -> (u64, u64) {
+        rows_for(arm, key).iter().fold((0, 0), |(k, n), (_, r)| (k + (r.success * r.tasks as f64).round() as u64, n + r.tasks as u64))
+    };
+    let ((k1, n1), (k2, n2)) = (pooled(&arms[base.arm]), pooled(&arms[c.arm]));
+    (stats::fisher_exact(k1, n1, k2, n2), Some("fisher"))
+}
+
+/// Dotted paths whose values differ between arms (`name` included; `$schema` not).
+fn param_diffs(arms: &[Arm]) -> Vec<ParamDiff> {
+    let flat: Vec<Vec<(String, Value)>> = arms.iter().map(|a| flatten(&a.resolved)).collect();
+    let mut paths: Vec<String> = Vec::new();
+    for f in &flat {
+        for (p, _) in f {
+            if !paths.contains(p) && p != "$schema" {
+                paths.push(p.clone());
+            }
+        }
+    }
+    paths
+        .into_iter()
+        .filter_map(|p| {
+            let values: Vec<Option<Value>> = flat.iter().map(|f| f.iter().find(|(q, _)| *q == p).map(|(_, v)| v.clone())).collect();
+            values.iter().any(|v| *v != values[0]).then_some(ParamDiff { path: p, values })
+        })
+        .collect()
+}
+
+fn flatten(v: &Value) -> Vec<(String, Value)> {
+    fn go(prefix: &str, v: &Value, out: &mut Vec<(String, Value)>) {
+        match v {
+            Value::Object(m) if !m.is_empty() => {
+                for (k, x) in m {
+                    go(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, x, out);
+                }
+            }
+            _ => out.push((prefix.to_string(), v.clone())),
+        }
+    }
+    let mut out = Vec::new();
+    go("", v, &mut out);
+    out
+}

@@ -1,0 +1,130 @@
+//! A comparison as markdown (for READMEs and reviews), CSV (one row per cell, for spreadsheets
+//! and pandas) or JSON (everything, parameters included).
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+use crate::compare::{Cell, Comparison, Metric};
+use crate::stats;
+
+/// `A`, `B`, … naming the pipelines in column headers.
+fn letter(i: usize) -> String {
+    if i < 26 { ((b'A' + i as u8) as char).to_string() } else { format!("P{}", i + 1) }
+}
+
+fn number(metric: Metric, v: f64) -> String {
+    match metric {
+        Metric::Success | Metric::MeanScore | Metric::OverflowRate | Metric::MeanDepth => format!("{v:.2}"),
+        Metric::SecondsPerTask => format!("{v:.3}"),
+        _ if v.abs() >= 100.0 => format!("{v:.0}"),
+        _ => format!("{v:.1}"),
+    }
+}
+
+fn shown(c: &Cell) -> String {
+    let ci = c.ci.map(|(lo, hi)| format!(" [{}, {}]", number(c.metric, lo), number(c.metric, hi))).unwrap_or_default();
+    let mark = stats::mark(c.p);
+    format!("{}{ci}{}", number(c.metric, c.value), if mark.is_empty() { String::new() } else { format!(" {mark}") })
+}
+
+fn value_text(v: &Option<Value>) -> String {
+    match v {
+        None => "—".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+    }
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+pub fn markdown(cmp: &Comparison) -> String {
+    let n = cmp.pipelines.len();
+    let mut s = String::from("| | pipeline | file | seeds |\n|---|---|---|---|\n");
+    for (i, (name, file, seeds)) in cmp.pipelines.iter().enumerate() {
+        let seeds: Vec<String> = seeds.iter().map(u64::to_string).collect();
+        let _ = writeln!(s, "| {} | {} | `{}` | {} |", letter(i), md_escape(name), file, seeds.join(", "));
+    }
+    if !cmp.params.is_empty() {
+        let _ = write!(s, "\n**Parameters that differ**\n\n| parameter |{}\n|---|{}\n", head(n), "---|".repeat(n));
+        for d in &cmp.params {
+            let vals: Vec<String> = d.values.iter().map(|v| format!(" {} |", md_escape(&value_text(v)))).collect();
+            let _ = writeln!(s, "| `{}` |{}", d.path, vals.concat());
+        }
+    }
+    let metrics: Vec<Metric> = Metric::ALL.into_iter().filter(|m| cmp.cells.iter().any(|c| c.metric == *m)).collect();
+    for m in metrics {
+        let _ = write!(s, "\n**{}**\n\n| evaluation | mode | band |{}\n|---|---|---|{}\n", m.name(), head(n), "---|".repeat(n));
+        let mut keys: Vec<(&str, &str, &str)> = Vec::new();
+        for c in cmp.cells.iter().filter(|c| c.metric == m) {
+            let k = (c.evaluation.as_str(), c.mode.as_str(), c.band.as_str());
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        for (ev, mode, band) in keys {
+            let row: Vec<&Cell> =
+                cmp.cells.iter().filter(|c| c.metric == m && c.evaluation == ev && c.mode == mode && c.band == band).collect();
+            let mut labels: Vec<&str> = row.iter().map(|c| c.label.as_str()).collect();
+            labels.dedup();
+            let cols: String =
+                (0..n).map(|a| format!(" {} |", row.iter().find(|c| c.arm == a).map(|c| shown(c)).unwrap_or_else(|| "—".into()))).collect();
+            let _ = writeln!(s, "| {} ({}) | {} | {} |{cols}", md_escape(ev), md_escape(&labels.join(" / ")), mode, md_escape(band));
+        }
+    }
+    s.push_str(
+        "\nBrackets: 95% intervals — Wilson over the tasks for one seed's success rate, Student's t over seeds where there \
+         are several. Marks: a difference from A, two-sided, * p < 0.05, ** p < 0.01 (Welch's t-test over seeds where both \
+         have two or more, else Fisher's exact test on the tasks pooled over seeds; success only); not corrected for the \
+         number of comparisons.\n",
+    );
+    if !cmp.missing.is_empty() {
+        s.push_str("\nNot in the store yet (— above); these commands produce them:\n\n");
+        for m in &cmp.missing {
+            let _ = writeln!(s, "- {} seed {} ({}): `{}`", m.pipeline, m.seed, m.instances.join(", "), m.command);
+        }
+    }
+    s
+}
+
+fn head(n: usize) -> String {
+    (0..n).map(|i| format!(" {} |", letter(i))).collect()
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
+}
+
+pub fn csv(cmp: &Comparison) -> String {
+    let mut s = String::from("pipeline,file,evaluation,label,mode,band,metric,seeds,value,ci_low,ci_high,p_vs_first,test,mark\n");
+    let opt = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
+    for c in &cmp.cells {
+        let (name, file, _) = &cmp.pipelines[c.arm];
+        let seeds: Vec<String> = c.seeds.iter().map(u64::to_string).collect();
+        let fields = [
+            name.clone(),
+            file.clone(),
+            c.evaluation.clone(),
+            c.label.clone(),
+            c.mode.clone(),
+            c.band.clone(),
+            c.metric.name().to_string(),
+            seeds.join(" "),
+            c.value.to_string(),
+            opt(c.ci.map(|x| x.0)),
+            opt(c.ci.map(|x| x.1)),
+            opt(c.p),
+            c.test.unwrap_or("").to_string(),
+            stats::mark(c.p).to_string(),
+        ];
+        s.push_str(&fields.iter().map(|f| csv_field(f)).collect::<Vec<_>>().join(","));
+        s.push('\n');
+    }
+    s
+}
+
+pub fn json(cmp: &Comparison) -> String {
+    serde_json::to_string_pretty(cmp).expect("comparison serialises") + "\n"
+}
