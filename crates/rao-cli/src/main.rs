@@ -99,6 +99,10 @@ enum Command {
         /// With `--executor ray`: the Ray dashboard address (Jobs API).
         #[arg(long, env = "RAO_RAY_ADDRESS", default_value = "http://127.0.0.1:8265")]
         ray_address: String,
+        /// Export the run when it ends (besides the file's `tracking:`): an MLflow server URL
+        /// (`http://127.0.0.1:5000`) or `tensorboard:DIR`. A failed export is only a warning.
+        #[arg(long, value_name = "URL")]
+        track: Vec<String>,
     },
     /// Per stage instance: done, stale or missing, with the reason.
     Status {
@@ -144,6 +148,9 @@ enum Command {
         /// Write the HTML page here (default: `reports/PIPELINE/RUN.html` in the store).
         #[arg(long, value_name = "PATH")]
         html: Option<PathBuf>,
+        /// Also export this run to a tracker: an MLflow server URL or `tensorboard:DIR`.
+        #[arg(long, value_name = "URL")]
+        track: Vec<String>,
     },
     /// Put pipelines (variants) side by side over seeds: the parameters that differ and every
     /// evaluation metric with 95% intervals and a significance mark against the first pipeline.
@@ -270,6 +277,24 @@ async fn write_report(store: &Store, res: &rao_results::RunResults, to: Option<&
     })
 }
 
+/// Export a finished run to its trackers; failures are warnings (the run's outcome stands).
+async fn export_run(c: &Compiled, store: &Store, run_id: &str, targets: &[rao_results::tracking::Target]) {
+    if targets.is_empty() {
+        return;
+    }
+    let res = match rao_results::RunResults::load(c, store, Some(run_id)).await {
+        Ok(r) => r,
+        Err(e) => return eprintln!("warning: tracking skipped, the run's results could not be read: {e:#}"),
+    };
+    let page = rao_results::html::page(&res);
+    for t in targets {
+        match rao_results::tracking::export(t, &res, &page).await {
+            Ok(at) => eprintln!("tracked: {} → {at}", t.describe()),
+            Err(e) => eprintln!("warning: tracking to {} failed (the run itself is unaffected): {e:#}", t.describe()),
+        }
+    }
+}
+
 /// One pipeline of `rao compare`: its evaluations for every seed, read from the store.
 async fn compare_arm(
     file: &std::path::Path,
@@ -338,13 +363,19 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 print!("{}", rao_pipeline::plan::render_status(&rows));
             }
         }
-        Command::Run { p, jobs, gpus, force, from, only, json, executor, ray_address } => {
+        Command::Run { p, jobs, gpus, force, from, only, json, executor, ray_address, track } => {
             let (c, store) = load(&p, &registry)?;
+            let mut targets = rao_results::tracking::Target::from_pipeline(&c.resolved, &c.base_dir);
+            for t in &track {
+                targets.push(rao_results::tracking::Target::parse(t, std::path::Path::new(".")).map_err(anyhow::Error::msg)?);
+            }
             let reporter = if json { Reporter::json() } else { Reporter::auto() };
             let exec = executors(&c, executor, &ray_address, &registry, &store, &reporter)?;
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
             let opts = RunOptions { jobs, gpus, force, from, only, reporter, handle_ctrl_c: true, code_version: code_version() };
-            let record = rao_pipeline::run(Arc::new(c), exec, &store, opts).await?;
+            let c = Arc::new(c);
+            let record = rao_pipeline::run(c.clone(), exec, &store, opts).await?;
+            export_run(&c, &store, &record.run_id, &targets).await;
             let failures = record.failures();
             if !failures.is_empty() && !json {
                 eprintln!("\n{} stage(s) failed:", failures.len());
@@ -374,7 +405,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let nodes = rao_core::parquet_io::nodes_from_parquet(bytes)?;
             print!("{}", rao_stages::inspect::render(&nodes, task.as_deref(), group, limit));
         }
-        Command::Report { p, run, html } => {
+        Command::Report { p, run, html, track } => {
             let (c, store) = load(&p, &registry)?;
             let res = rao_results::RunResults::load(&c, &store, run.as_deref()).await?;
             for (name, why) in res.missing.iter().filter(|(n, _)| c.instances.iter().any(|i| &i.name == n && i.kind == "evaluate")) {
@@ -394,6 +425,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 None => println!("pipeline {} · seed {} · no run record names these results", c.name, res.seed),
             }
             println!("report: {}", write_report(&store, &res, html.as_deref()).await?);
+            if let (false, Some(r)) = (track.is_empty(), &res.run) {
+                let targets = track
+                    .iter()
+                    .map(|t| rao_results::tracking::Target::parse(t, std::path::Path::new(".")).map_err(anyhow::Error::msg))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                export_run(&c, &store, &r.run_id, &targets).await;
+            }
         }
         Command::Compare { pipelines, set, seeds, store, format, metric } => {
             let metrics = match metric.is_empty() {

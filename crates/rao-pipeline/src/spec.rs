@@ -186,6 +186,10 @@ pub struct PipelineFile {
     /// Where stage instances run unless a stage or `rao run --executor` says otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub executor: Option<ExecutorSpec>,
+    /// Where each run is exported when it ends (as with `rao run --track`). Not part of any
+    /// fingerprint; an export that fails is a warning, never a failed run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<TrackingSpec>,
     /// The stages, by name. Order does not matter: inputs make the edges.
     pub stages: OrderedMap<StageSpec>,
 }
@@ -351,6 +355,21 @@ pub enum ExecutorKind {
     Process,
     /// Each instance as a Ray job (entrypoint `rao exec`).
     Ray,
+}
+
+/// Trackers a run is exported to: its metrics per iteration, evaluations, parameters and report.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrackingSpec {
+    /// A TensorBoard log directory (relative to the pipeline file): `tensorboard --logdir DIR`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensorboard: Option<String>,
+    /// An MLflow tracking server, e.g. `http://127.0.0.1:5000`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlflow: Option<String>,
+    /// The MLflow experiment (default: the pipeline's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experiment: Option<String>,
 }
 
 /// Resource needs of one stage instance.

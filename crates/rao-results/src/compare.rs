@@ -246,7 +246,7 @@ fn test(base: &Cell, c: &Cell, arms: &[Arm], key: &Key) -> (Option<f64>, Option<
 
 /// Dotted paths whose values differ between arms (`name` included; `$schema` not).
 fn param_diffs(arms: &[Arm]) -> Vec<ParamDiff> {
-    let flat: Vec<Vec<(String, Value)>> = arms.iter().map(|a| flatten(&a.resolved)).collect();
+    let flat: Vec<Vec<(String, Value)>> = arms.iter().map(|a| crate::results::flatten(&a.resolved)).collect();
     let mut paths: Vec<String> = Vec::new();
     for f in &flat {
         for (p, _) in f {
@@ -262,20 +262,4 @@ fn param_diffs(arms: &[Arm]) -> Vec<ParamDiff> {
             values.iter().any(|v| *v != values[0]).then_some(ParamDiff { path: p, values })
         })
         .collect()
-}
-
-fn flatten(v: &Value) -> Vec<(String, Value)> {
-    fn go(prefix: &str, v: &Value, out: &mut Vec<(String, Value)>) {
-        match v {
-            Value::Object(m) if !m.is_empty() => {
-                for (k, x) in m {
-                    go(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, x, out);
-                }
-            }
-            _ => out.push((prefix.to_string(), v.clone())),
-        }
-    }
-    let mut out = Vec::new();
-    go("", v, &mut out);
-    out
 }

@@ -320,7 +320,7 @@ fn learning_curves(res: &RunResults, palette: &mut Palette) -> String {
         }
         let colour = palette.colour(&c.series);
         let title = format!("{} · {}", c.series, c.metric);
-        let line = Line { name: &c.metric, colour, points: c.points.iter().map(|&(k, v)| (k as f64, v)).collect() };
+        let line = Line { name: &c.metric, colour, points: c.points.iter().map(|p| (p.iteration as f64, p.value)).collect() };
         s.push_str(&plots::lines(&Axes { title: &title, x: "iteration", y: &c.metric }, &plots::SMALL, &[line]));
     }
     s.push_str("</div>");

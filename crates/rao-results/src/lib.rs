@@ -9,5 +9,6 @@ pub mod plots;
 pub mod results;
 pub mod stats;
 pub mod text;
+pub mod tracking;
 
 pub use results::RunResults;

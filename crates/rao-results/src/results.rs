@@ -52,6 +52,8 @@ impl Instance {
 pub struct Evaluation {
     pub instance: String,
     pub fingerprint: String,
+    /// When it finished (seconds since the Unix epoch).
+    pub finished_at: f64,
     pub rows: Vec<EvalRow>,
     /// Trees per maximum depth, per mode.
     pub depths: BTreeMap<String, BTreeMap<i32, usize>>,
@@ -62,7 +64,15 @@ pub struct Evaluation {
 pub struct Curve {
     pub series: String,
     pub metric: String,
-    pub points: Vec<(u32, f64)>,
+    pub points: Vec<Point>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Point {
+    pub iteration: u32,
+    pub value: f64,
+    /// When the instance finished (seconds since the Unix epoch).
+    pub time: f64,
 }
 
 /// Wall-clock the instances of one stage took when they ran (cached ones included: what these
@@ -250,11 +260,17 @@ async fn load_evaluation(store: &Store, i: &Instance) -> anyhow::Result<Evaluati
             *depths.entry(if mode.is_empty() { "?".into() } else { mode }).or_default().entry(d).or_default() += 1;
         }
     }
-    Ok(Evaluation { instance: i.name.clone(), fingerprint: i.manifest.fingerprint.clone(), rows, depths })
+    Ok(Evaluation {
+        instance: i.name.clone(),
+        fingerprint: i.manifest.fingerprint.clone(),
+        finished_at: i.manifest.finished_at,
+        rows,
+        depths,
+    })
 }
 
 fn curves(instances: &[Instance]) -> Vec<Curve> {
-    let mut by: BTreeMap<(String, String), Vec<(u32, f64)>> = BTreeMap::new();
+    let mut by: BTreeMap<(String, String), Vec<Point>> = BTreeMap::new();
     let mut order: Vec<(String, String)> = Vec::new();
     for i in instances {
         let Some(k) = i.iteration() else { continue };
@@ -263,14 +279,14 @@ fn curves(instances: &[Instance]) -> Vec<Curve> {
             if !by.contains_key(&key) {
                 order.push(key.clone());
             }
-            by.entry(key).or_default().push((k, *v));
+            by.entry(key).or_default().push(Point { iteration: k, value: *v, time: i.manifest.finished_at });
         }
     }
     order
         .into_iter()
         .map(|key| {
             let mut points = by.remove(&key).unwrap_or_default();
-            points.sort_by_key(|p| p.0);
+            points.sort_by_key(|p| p.iteration);
             Curve { series: key.0, metric: key.1, points }
         })
         .collect()
@@ -288,5 +304,22 @@ fn costs(instances: &[Instance]) -> Vec<StageCost> {
             None => out.push(StageCost { stage: i.stage.clone(), kind: i.kind.clone(), instances: 1, seconds: secs }),
         }
     }
+    out
+}
+
+/// A pipeline as dotted paths to its leaves: `stages.train.stages.rollout.params.mode`.
+pub fn flatten(v: &Value) -> Vec<(String, Value)> {
+    fn go(prefix: &str, v: &Value, out: &mut Vec<(String, Value)>) {
+        match v {
+            Value::Object(m) if !m.is_empty() => {
+                for (k, x) in m {
+                    go(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, x, out);
+                }
+            }
+            _ => out.push((prefix.to_string(), v.clone())),
+        }
+    }
+    let mut out = Vec::new();
+    go("", v, &mut out);
     out
 }
