@@ -4,6 +4,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+#[path = "support/concurrent.rs"]
+mod concurrent;
+
 fn rao(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
 }
@@ -125,7 +128,11 @@ fn process_executor_gives_the_same_artifacts_as_in_process() {
                 if e.is_dir() {
                     stack.push(e);
                 } else if e.file_name().unwrap() != "MANIFEST.json" {
-                    v.push((e.strip_prefix(&root).unwrap().display().to_string(), std::fs::read(&e).unwrap()));
+                    // objects/ff/FP/ATTEMPT/output/file: attempt ids are unique per store.
+                    let rel = e.strip_prefix(&root).unwrap().display().to_string();
+                    let parts: Vec<&str> = rel.split('/').collect();
+                    let key = [parts[..2].join("/"), parts[3..].join("/")].join("/*/");
+                    v.push((key, std::fs::read(&e).unwrap()));
                 }
             }
         }
@@ -390,7 +397,7 @@ fn the_other_regimes_run_through_the_same_stages() {
                 .as_str()
                 .unwrap()
                 .to_string();
-            std::fs::read(d.join(format!(".rao/store/objects/{}/{fp}/out/tasks/tasks.parquet", &fp[..2]))).unwrap()
+            artifact_file(&d.join(".rao/store"), &fp, "tasks", "tasks.parquet")
         };
         assert_eq!(tasks(dir.path()), tasks(again.path()), "{env}: same seed, same tasks");
     }
@@ -425,4 +432,45 @@ fn the_paced_expert_acts_exactly_like_the_expert() {
     let (a, b) = rows.split_at(rows.len() / 2);
     assert_eq!(a, b, "{report}");
     assert!(a.iter().any(|r| r.contains("recursive") && r.contains(" 1.00 ")), "the expert solves these recursively: {report}");
+}
+
+/// One file of a finished instance's output in a local store directory (found via its manifest).
+fn artifact_file(store: &Path, fp: &str, output: &str, file: &str) -> Vec<u8> {
+    let m = local_manifest(store, fp);
+    let attempt = m["attempt"].as_str().unwrap_or("out");
+    std::fs::read(store.join("objects").join(&fp[..2]).join(fp).join(attempt).join(output).join(file)).unwrap()
+}
+
+/// The manifest of `fp` in a local store directory.
+fn local_manifest(store: &Path, fp: &str) -> serde_json::Value {
+    let path = store.join("objects").join(&fp[..2]).join(fp).join("MANIFEST.json");
+    serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+#[test]
+fn concurrent_runs_on_one_local_store_execute_each_stage_once_with_identical_results() {
+    let reference = tempfile::tempdir().unwrap();
+    let p = concurrent::wide_pipeline(reference.path(), &reference.path().join("ran.log"));
+    let alone = rao(&["run", p.to_str().unwrap(), "--store", "s"], reference.path());
+    assert!(alone.status.success(), "{}", text(&alone));
+    let status = rao(&["status", p.to_str().unwrap(), "--store", "s", "--json"], reference.path());
+    let want = concurrent::outputs(&String::from_utf8_lossy(&status.stdout), |fp| local_manifest(&reference.path().join("s"), fp));
+    for (runs, trials) in [(2, 4), (4, 3)] {
+        for trial in 0..trials {
+            let dir = tempfile::tempdir().unwrap();
+            let log = dir.path().join("ran.log");
+            let p = concurrent::wide_pipeline(dir.path(), &log);
+            concurrent::run_together(runs, || {
+                let mut c = Command::new(env!("CARGO_BIN_EXE_rao"));
+                c.args(["run", p.to_str().unwrap(), "--store", "s", "-j", "2"]).current_dir(dir.path());
+                c
+            });
+            concurrent::assert_each_ran_once(&log);
+            let status = rao(&["status", p.to_str().unwrap(), "--store", "s", "--json"], dir.path());
+            let got = concurrent::outputs(&String::from_utf8_lossy(&status.stdout), |fp| local_manifest(&dir.path().join("s"), fp));
+            assert_eq!(got, want, "{runs} runs, trial {trial}: results differ from a single run");
+            let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("s/staging")).map(|d| d.flatten().count()).into_iter().collect();
+            assert!(leftovers.iter().all(|n| *n == 0), "staging left behind: {leftovers:?}");
+        }
+    }
 }

@@ -13,6 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+#[path = "support/concurrent.rs"]
+mod concurrent;
+
 const SECRET: &str = "s3cr3t-never-printed-7f3a";
 
 /// moto's S3 server on a free loopback port; stopped on drop.
@@ -320,4 +323,49 @@ fn refused_connections_and_500s_from_the_bucket_are_retried() {
     assert!(status.contains("3/3 done"), "{status}");
     let ran = std::fs::read_to_string(&log).unwrap();
     assert_eq!(ran.lines().collect::<Vec<_>>(), ["a", "b", "c"], "each stage ran exactly once");
+}
+
+/// Every `MANIFEST.json` under `prefix` in the bucket, by fingerprint (one boto3 call).
+fn bucket_manifests(port: u16, bucket: &str, prefix: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let python = std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = "import sys, json, boto3\n\
+                  s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1', aws_access_key_id='x', aws_secret_access_key='y')\n\
+                  out = {}\n\
+                  for page in s3.get_paginator('list_objects_v2').paginate(Bucket=sys.argv[2], Prefix=sys.argv[3]):\n\
+                  \x20   for o in page.get('Contents', []):\n\
+                  \x20       if o['Key'].endswith('/MANIFEST.json'):\n\
+                  \x20           out[o['Key'].split('/')[-2]] = json.loads(s3.get_object(Bucket=sys.argv[2], Key=o['Key'])['Body'].read())\n\
+                  print(json.dumps(out))\n";
+    let out = Command::new(python).args(["-c", script, &format!("http://127.0.0.1:{port}"), bucket, prefix]).output().unwrap();
+    assert!(out.status.success(), "listing failed: {}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn concurrent_runs_on_one_bucket_execute_each_stage_once_with_identical_results() {
+    let s3 = start_s3();
+    create_bucket(s3.port, "rao-shared");
+    let results = |dir: &Path, store: &str, prefix: &str| {
+        let status = rao(&["status", "wide.yaml", "--store", store, "--json"], dir, s3.port).output().unwrap();
+        let manifests = bucket_manifests(s3.port, "rao-shared", prefix);
+        concurrent::outputs(&String::from_utf8_lossy(&status.stdout), |fp| manifests[fp].clone())
+    };
+    let reference = tempfile::tempdir().unwrap();
+    concurrent::wide_pipeline(reference.path(), &reference.path().join("ran.log"));
+    let alone = rao(&["run", "wide.yaml", "--store", "s3://rao-shared/alone"], reference.path(), s3.port).output().unwrap();
+    assert!(alone.status.success(), "{}", text(&alone));
+    let want = results(reference.path(), "s3://rao-shared/alone", "alone/");
+    for (runs, trial) in [(2, 0), (2, 1), (4, 0), (4, 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("ran.log");
+        concurrent::wide_pipeline(dir.path(), &log);
+        let store = format!("s3://rao-shared/t{runs}-{trial}");
+        concurrent::run_together(runs, || {
+            let mut c = rao(&["run", "wide.yaml", "--store", &store, "-j", "2"], dir.path(), s3.port);
+            c.env("RAO_LEASE_TTL", "20");
+            c
+        });
+        concurrent::assert_each_ran_once(&log);
+        assert_eq!(results(dir.path(), &store, &format!("t{runs}-{trial}/")), want, "{runs} runs, trial {trial}");
+    }
 }

@@ -50,8 +50,11 @@ fn file_hashes(store: &Path, name: &str) -> Vec<(String, String)> {
             if p.is_dir() {
                 stack.push(p);
             } else if p.file_name().unwrap() == name {
+                // objects/ff/FP/ATTEMPT/…: attempt ids differ between stores, fingerprints do not.
+                let rel = p.strip_prefix(store).unwrap().display().to_string();
+                let parts: Vec<&str> = rel.split('/').collect();
                 out.push((
-                    p.strip_prefix(store).unwrap().display().to_string(),
+                    [parts[..3].join("/"), parts[4..].join("/")].join("/*/"),
                     blake3::hash(&std::fs::read(&p).unwrap()).to_hex().to_string(),
                 ));
             }
@@ -245,7 +248,9 @@ fn rl_raises_success_over_the_warm_start() {
         let idx: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.path().join(format!("s/index/rl-smoke/{instance}.json"))).unwrap()).unwrap();
         let fp = idx["fingerprint"].as_str().unwrap();
-        let path = dir.path().join(format!("s/objects/{}/{fp}/out/report/summary.json", &fp[..2]));
+        let object = dir.path().join(format!("s/objects/{}/{fp}", &fp[..2]));
+        let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(object.join("MANIFEST.json")).unwrap()).unwrap();
+        let path = object.join(manifest["attempt"].as_str().unwrap()).join("report/summary.json");
         let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         let row = &rows[0];
         assert_eq!(row["tasks"], 256, "{row}");

@@ -3,7 +3,8 @@
 
 use anyhow::{Context, bail};
 use rao_pipeline::plan::{Row, State};
-use rao_pipeline::store::{Manifest, manifest_key, object_dir, output_prefix};
+use rao_pipeline::manifest::{self, Manifest};
+use rao_pipeline::store::object_dir;
 use rao_pipeline::{Compiled, Store};
 
 /// The row of an instance by name (`evaluate`, `rollout@60`, `evaluate[window=64]`); a stage
@@ -38,14 +39,14 @@ pub async fn finished(store: &Store, c: &Compiled, row: &Row) -> anyhow::Result<
             if row.reasons.is_empty() { String::new() } else { format!(" ({})", row.reasons.join("; ")) }
         ),
     };
-    store.get_json::<Manifest>(&manifest_key(fp)).await?.with_context(|| format!("`{}` has no manifest", row.instance))
+    manifest::read(store, fp).await?.done().with_context(|| format!("`{}` has no usable manifest", row.instance))
 }
 
 /// The local path (or store URL) of an instance's file, output directory or object directory.
 /// `file` is `OUTPUT/PATH` or a bare file name looked up in every output.
 pub fn locate(store: &Store, m: &Manifest, file: Option<&str>) -> anyhow::Result<String> {
     let key = match file {
-        None if m.outputs.len() == 1 => output_prefix(&m.fingerprint, m.outputs.keys().next().unwrap()),
+        None if m.outputs.len() == 1 => m.output_prefix(m.outputs.keys().next().expect("one output")),
         None => object_dir(&m.fingerprint),
         Some(f) => {
             let hits: Vec<String> = m
@@ -56,7 +57,7 @@ pub fn locate(store: &Store, m: &Manifest, file: Option<&str>) -> anyhow::Result
                     let file_name = e.path.rsplit('/').next();
                     e.path == f || format!("{out}/{}", e.path) == f || (!f.contains('/') && file_name == Some(f))
                 })
-                .map(|(out, e)| format!("{}/{}", output_prefix(&m.fingerprint, out), e.path))
+                .map(|(out, e)| m.file_key(out, &e.path))
                 .collect();
             match hits.as_slice() {
                 [one] => one.clone(),

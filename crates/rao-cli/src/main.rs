@@ -120,6 +120,36 @@ enum Command {
         /// No progress lines.
         #[arg(long)]
         quiet: bool,
+        /// The run this execution belongs to (set by `rao run`'s executors; recorded in the manifest).
+        #[arg(long)]
+        run_id: Option<String>,
+    },
+    /// Check every manifest of a store and every byte it names (sizes and blake3 hashes).
+    Verify {
+        /// A pipeline file whose store to check (or give --store).
+        pipeline: Option<PathBuf>,
+        #[arg(long)]
+        store: Option<String>,
+        /// Set damaged manifests aside (their instances run again on the next run).
+        #[arg(long)]
+        repair: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove what nothing needs: staging of dead runs, attempts no manifest names, lapsed
+    /// leases — and, given pipeline files, every object none of them references. Dry run unless
+    /// --delete.
+    Gc {
+        /// Pipelines whose artifacts to keep (their current fingerprints). None: keep every
+        /// finished artifact and remove only leftovers.
+        pipelines: Vec<PathBuf>,
+        #[arg(long)]
+        store: Option<String>,
+        /// Really delete (default: only list what would go).
+        #[arg(long)]
+        delete: bool,
+        #[arg(long)]
+        json: bool,
     },
     /// Print execution trees: goals, actions, receipts and scores, indented by depth.
     Inspect {
@@ -327,13 +357,50 @@ async fn compare_arm(
     Ok(rao_results::compare::Arm { file: file.display().to_string(), name, resolved, runs })
 }
 
-fn load(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<(Compiled, Store)> {
+/// A store given on the command line: a relative path is taken from the current directory,
+/// as every command-line tool does (a `store:` in the file is relative to the file).
+fn cli_store_url(s: &str) -> anyhow::Result<String> {
+    if s.contains("://") || std::path::Path::new(s).is_absolute() {
+        return Ok(s.to_string());
+    }
+    Ok(std::env::current_dir()?.join(s).display().to_string())
+}
+
+/// Compile a pipeline and open its store (`read_only`: a missing local store is not created).
+fn load_with(p: &PipelineArgs, registry: &Registry, read_only: bool) -> anyhow::Result<(Compiled, Store)> {
     let mut c = rao_pipeline::load(&p.pipeline, &p.set, registry).map_err(|d| anyhow::anyhow!("{d}"))?;
     if let Some(s) = &p.store {
-        c.store_url = s.clone();
+        c.store_url = cli_store_url(s)?;
     }
-    let store = Store::open(&c.store_url, &c.base_dir)?;
+    let store = if read_only { Store::open_read_only(&c.store_url, &c.base_dir)? } else { Store::open(&c.store_url, &c.base_dir)? };
     Ok((c, store))
+}
+
+fn load(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<(Compiled, Store)> {
+    load_with(p, registry, false)
+}
+
+fn load_read_only(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<(Compiled, Store)> {
+    load_with(p, registry, true)
+}
+
+/// The store of `verify`/`gc`: `--store`, else the first pipeline's.
+fn maintenance_store(store: &Option<String>, pipeline: Option<&PathBuf>, registry: &Registry, read_only: bool) -> anyhow::Result<Store> {
+    match (store, pipeline) {
+        (Some(s), _) => {
+            let url = cli_store_url(s)?;
+            Ok(if read_only {
+                Store::open_read_only(&url, std::path::Path::new("."))?
+            } else {
+                Store::open(&url, std::path::Path::new("."))?
+            })
+        }
+        (None, Some(p)) => {
+            let args = PipelineArgs { pipeline: p.clone(), set: Vec::new(), store: None };
+            Ok(load_with(&args, registry, read_only)?.1)
+        }
+        (None, None) => anyhow::bail!("give a pipeline file or --store URL"),
+    }
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -344,7 +411,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}: ok ({} stage instances, {} loops)", p.pipeline.display(), c.instances.len(), c.loops.len());
         }
         Command::Plan { p, format, folded } => {
-            let (c, store) = load(&p, &registry)?;
+            let (c, store) = load_read_only(&p, &registry)?;
             let rows = rao_pipeline::plan::rows(&c, &store).await?;
             let out = match format {
                 Format::Text => rao_pipeline::plan::render_text(&c, &rows, folded),
@@ -355,7 +422,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{out}");
         }
         Command::Status { p, json } => {
-            let (c, store) = load(&p, &registry)?;
+            let (c, store) = load_read_only(&p, &registry)?;
             let rows = rao_pipeline::plan::rows(&c, &store).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -383,16 +450,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     eprintln!("  {name}: {why}");
                 }
             }
-            return Ok(match record.status.as_str() {
-                "succeeded" => ExitCode::SUCCESS,
-                "cancelled" => ExitCode::from(130),
+            return Ok(match record.status {
+                rao_pipeline::RunStatus::Succeeded => ExitCode::SUCCESS,
+                rao_pipeline::RunStatus::Cancelled => ExitCode::from(130),
                 _ => ExitCode::FAILURE,
             });
         }
-        Command::Exec { p, instance, quiet } => {
+        Command::Exec { p, instance, quiet, run_id } => {
             let (c, store) = load(&p, &registry)?;
             let reporter = if quiet { Reporter::silent() } else { Reporter::plain() };
-            let m = rao_pipeline::exec::execute_by_name(&c, &registry, &store, &instance, &reporter).await?;
+            let run_id = run_id.unwrap_or_else(rao_pipeline::scheduler::new_run_id);
+            let m = rao_pipeline::exec::execute_by_name(&c, &registry, &store, &instance, &run_id, &reporter).await?;
             if !quiet {
                 println!("{}", serde_json::to_string_pretty(&m)?);
             }
@@ -406,7 +474,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", rao_stages::inspect::render(&nodes, task.as_deref(), group, limit));
         }
         Command::Report { p, run, html, track } => {
-            let (c, store) = load(&p, &registry)?;
+            let (c, store) = load_read_only(&p, &registry)?;
             let res = rao_results::RunResults::load(&c, &store, run.as_deref()).await?;
             for (name, why) in res.missing.iter().filter(|(n, _)| c.instances.iter().any(|i| &i.name == n && i.kind == "evaluate")) {
                 eprintln!("{name}: not in the store for this pipeline as given ({why}); `rao run {}` produces it", p.pipeline.display());
@@ -469,6 +537,58 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let row = artifacts::find_instance(&rows, &instance)?;
             let manifest = artifacts::finished(&store, &c, row).await?;
             println!("{}", artifacts::locate(&store, &manifest, file.as_deref())?);
+        }
+        Command::Verify { pipeline, store, repair, json } => {
+            let store = maintenance_store(&store, pipeline.as_ref(), &registry, !repair)?;
+            let report = rao_pipeline::maintenance::verify(&store, repair).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                for d in &report.damaged {
+                    println!("DAMAGED {} ({}): {}", d.fingerprint, d.instance.as_deref().unwrap_or("?"), d.why);
+                }
+                println!(
+                    "{}: {} manifests, {} files, {} bytes checked; {} damaged{}",
+                    store.url(),
+                    report.manifests,
+                    report.files,
+                    report.bytes,
+                    report.damaged.len(),
+                    if repair { format!(", {} set aside (they run again next time)", report.quarantined) } else { String::new() }
+                );
+            }
+            if !report.damaged.is_empty() && !repair {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        Command::Gc { pipelines, store, delete, json } => {
+            let store = maintenance_store(&store, pipelines.first(), &registry, !delete)?;
+            let keep = if pipelines.is_empty() {
+                None
+            } else {
+                let mut keep = std::collections::BTreeSet::new();
+                for p in &pipelines {
+                    let c = rao_pipeline::load(p, &[], &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+                    let snap = rao_pipeline::snapshot::snapshot(&c, &store).await?;
+                    keep.extend(snap.fps.into_iter().flatten());
+                }
+                Some(keep)
+            };
+            let report = rao_pipeline::maintenance::gc(&store, keep.as_ref(), delete).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                for r in &report.removed {
+                    println!("{} {r}", if delete { "removed" } else { "would remove" });
+                }
+                println!(
+                    "{} {} objects or prefixes, {} bytes{}",
+                    if delete { "removed" } else { "would remove" },
+                    report.removed.len(),
+                    report.bytes,
+                    if delete { "" } else { " (dry run: pass --delete)" }
+                );
+            }
         }
         Command::Schema => print!("{}", rao_pipeline::schema::pipeline_schema_text(&registry)),
     }

@@ -9,6 +9,15 @@ impl Rng {
         Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
     }
 
+    /// The whole state, to save and later continue the same stream ([`Rng::from_state`]).
+    pub fn state(&self) -> u64 {
+        self.0
+    }
+
+    pub fn from_state(state: u64) -> Self {
+        Rng(state)
+    }
+
     /// An independent stream for a named purpose (e.g. "world", "tasks/easy").
     pub fn derive(seed: u64, purpose: &str) -> Self {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;

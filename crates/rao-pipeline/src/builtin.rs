@@ -6,13 +6,13 @@ use std::path::Path;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::kind::{InputDecl, ParamError, StageContext, StageKind, check_typed};
+use crate::kind::{InputDecl, ParamError, StageContext, StageKind, check_typed, resolve_typed};
 
 /// Params of `shell`.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShellParams {
     /// Run with `sh -c` in the pipeline file's directory. `${inputs.NAME}` and `${outputs.NAME}`
@@ -44,6 +44,12 @@ impl StageKind for Shell {
     }
     fn check_params(&self, params: &Value) -> Result<(), ParamError> {
         check_typed::<ShellParams>(params)
+    }
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        resolve_typed::<ShellParams>(params)
+    }
+    fn code_version(&self) -> &'static str {
+        env!("RAO_CODE_BUILTIN")
     }
     fn inputs(&self) -> Option<&'static [InputDecl]> {
         None
@@ -112,7 +118,7 @@ async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
 }
 
 /// Params of `noop`.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoopParams {
     /// Anything: only hashed into the fingerprint.
@@ -138,6 +144,12 @@ impl StageKind for Noop {
     }
     fn check_params(&self, params: &Value) -> Result<(), ParamError> {
         check_typed::<NoopParams>(params)
+    }
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        resolve_typed::<NoopParams>(params)
+    }
+    fn code_version(&self) -> &'static str {
+        env!("RAO_CODE_BUILTIN")
     }
     fn inputs(&self) -> Option<&'static [InputDecl]> {
         None

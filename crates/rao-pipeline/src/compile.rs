@@ -33,7 +33,14 @@ pub struct Instance {
     pub stage: String,
     pub kind: String,
     pub kind_version: u32,
+    /// The kind's code version (see `StageKind::code_version`).
+    pub code: String,
+    /// What makes this instance's bits machine-dependent (see `StageKind::machine_profile`).
+    pub machine: String,
+    /// Params as written (placeholders substituted): what the stage receives.
     pub params: Value,
+    /// Params with the kind's defaults filled in: what the fingerprint hashes.
+    pub resolved_params: Value,
     pub inputs: Vec<(String, Vec<Source>)>,
     pub outputs: Vec<String>,
     pub retries: u32,
@@ -883,6 +890,13 @@ impl Expander<'_, '_> {
                 self.checker.diags.push(Diagnostic::new(pos, format!("instance `{iname}`: {}", e.message)));
                 continue;
             }
+            let resolved_params = match kind.resolve_params(&params) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.checker.diags.push(Diagnostic::new(name.pos, format!("instance `{iname}`: {}", e.message)));
+                    continue;
+                }
+            };
             let extra = match kind.fingerprint_extra(&params, self.checker.base_dir) {
                 Ok(x) => x,
                 Err(msg) => {
@@ -905,7 +919,10 @@ impl Expander<'_, '_> {
                 stage: name.value.clone(),
                 kind: kind.name().to_string(),
                 kind_version: kind.version(),
+                code: kind.code_version().to_string(),
+                machine: kind.machine_profile(&params),
                 params,
+                resolved_params,
                 inputs,
                 outputs: outputs.clone(),
                 retries: s.retries.as_ref().map(|r| r.value).unwrap_or(0),

@@ -16,11 +16,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
-use crate::kind::{InputDecl, ParamError, StageContext, StageKind, check_typed, parse_typed};
+use crate::kind::{InputDecl, ParamError, StageContext, StageKind, check_typed, parse_typed, resolve_typed};
 use crate::store::{is_cloud_scheme, open_cloud};
 
 /// Params of `dataset`.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetParams {
     /// One object (`s3://bucket/tasks.jsonl`, `gs://…`, `az://…`, or a local file relative to the
@@ -182,6 +182,12 @@ impl StageKind for Dataset {
     }
     fn check_params(&self, params: &Value) -> Result<(), ParamError> {
         check_typed::<DatasetParams>(params)
+    }
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        resolve_typed::<DatasetParams>(params)
+    }
+    fn code_version(&self) -> &'static str {
+        env!("RAO_CODE_DATASET")
     }
     fn inputs(&self) -> Option<&'static [InputDecl]> {
         Some(&[])

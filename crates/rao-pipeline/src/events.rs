@@ -10,14 +10,64 @@ use serde::Serialize;
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    RunStarted { pipeline: String, run_id: String, instances: usize, store: String },
-    Cached { instance: String, fingerprint: String },
-    Started { instance: String, fingerprint: String, attempt: u32 },
-    Retrying { instance: String, attempt: u32, error: String, delay_s: f64 },
-    Finished { instance: String, fingerprint: String, seconds: f64 },
-    Failed { instance: String, error: String },
-    Skipped { instance: String, reason: String },
-    RunFinished { run_id: String, status: String, done: usize, cached: usize, failed: usize, skipped: usize, seconds: f64 },
+    RunStarted {
+        pipeline: String,
+        run_id: String,
+        instances: usize,
+        store: String,
+    },
+    Cached {
+        instance: String,
+        fingerprint: String,
+    },
+    Started {
+        instance: String,
+        fingerprint: String,
+        attempt: u32,
+    },
+    Retrying {
+        instance: String,
+        attempt: u32,
+        error: String,
+        delay_s: f64,
+    },
+    Finished {
+        instance: String,
+        fingerprint: String,
+        seconds: f64,
+    },
+    Failed {
+        instance: String,
+        error: String,
+    },
+    Skipped {
+        instance: String,
+        reason: String,
+    },
+    /// Another run holds this instance's lease: this run waits for its result.
+    Waiting {
+        instance: String,
+        holder: String,
+    },
+    /// A stored artifact failed its checks; it is set aside and recomputed.
+    Damaged {
+        instance: String,
+        fingerprint: String,
+        why: String,
+    },
+    /// Something went wrong that does not stop the run.
+    Warning {
+        message: String,
+    },
+    RunFinished {
+        run_id: String,
+        status: String,
+        done: usize,
+        cached: usize,
+        failed: usize,
+        skipped: usize,
+        seconds: f64,
+    },
 }
 
 /// Where events go; cheap to clone.
@@ -83,7 +133,7 @@ impl Reporter {
                 }
             }
             Event::Cached { .. } | Event::Skipped { .. } => total.inc(1),
-            Event::Retrying { .. } => {
+            Event::Retrying { .. } | Event::Waiting { .. } | Event::Damaged { .. } | Event::Warning { .. } => {
                 if let Some(l) = human_line(e) {
                     multi.println(l).ok();
                 }
@@ -117,6 +167,9 @@ fn human_line(e: &Event) -> Option<String> {
         Event::Finished { instance, seconds, .. } => format!("done     {instance} ({seconds:.2}s)"),
         Event::Failed { instance, error } => format!("FAILED   {instance}: {error}"),
         Event::Skipped { instance, reason } => format!("skipped  {instance}: {reason}"),
+        Event::Waiting { instance, holder } => format!("waiting  {instance}: {holder} is computing it"),
+        Event::Damaged { instance, why, .. } => format!("DAMAGED  {instance}: {why}; set aside, recomputing"),
+        Event::Warning { message } => format!("warning: {message}"),
         Event::RunFinished { run_id, status, done, cached, failed, skipped, seconds } => {
             format!("run {run_id} {status} in {seconds:.2}s: {done} ran, {cached} cached, {failed} failed, {skipped} skipped")
         }

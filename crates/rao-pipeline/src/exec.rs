@@ -1,20 +1,23 @@
-//! Running one stage instance: retries, timeout, upload of outputs, manifest last.
+//! Running one stage instance: the lease, retries, timeout, publication with the manifest last.
 //!
 //! The scheduler's in-process executor and `rao exec` (a separate process) both come here,
 //! with nothing but the compiled pipeline and the store: no scheduler memory is needed.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
+use futures::FutureExt;
 
 use crate::compile::Compiled;
 use crate::events::{Event, Reporter};
 use crate::fingerprint::FpParts;
+use crate::integrity::InputDamaged;
 use crate::kind::{InputArtifact, Registry, StageContext};
-use crate::store::{FileEntry, Manifest, Store, manifest_key, output_prefix};
+use crate::lease::{self, Acquired};
+use crate::manifest::{self, Manifest, ManifestState};
+use crate::publish::{self, Published};
+use crate::store::Store;
 
 pub fn now_secs() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
@@ -39,6 +42,18 @@ pub struct Job {
     pub parts: FpParts,
     pub fingerprint: String,
     pub inputs: BTreeMap<String, Vec<InputArtifact>>,
+    /// The run this job belongs to (recorded in the manifest and the lease).
+    pub run_id: String,
+    /// `--force`: recompute even if done; only a manifest finished after this time is reused.
+    pub forced_at: Option<f64>,
+}
+
+/// How a job ended well.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub manifest: Manifest,
+    /// Another run (or process) produced it while this one waited for its lease.
+    pub reused: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,21 +64,85 @@ pub enum ExecError {
     Failed(anyhow::Error),
 }
 
-/// Run a job to completion (with its retries) and write its manifest. Returns the manifest.
-pub async fn execute(c: &Compiled, registry: &Registry, store: &Store, job: Job, reporter: &Reporter) -> Result<Manifest, ExecError> {
+/// A manifest of `fp` that can be reused as it is: checked, every file present with its size, and
+/// for a forced job finished after the force.
+pub async fn reusable(store: &Store, fp: &str, forced_at: Option<f64>) -> anyhow::Result<Option<Manifest>> {
+    let Some(m) = manifest::read(store, fp).await?.done() else { return Ok(None) };
+    if forced_at.is_some_and(|t| m.finished_at < t) {
+        return Ok(None);
+    }
+    Ok(manifest::check_sizes(store, &m).await?.is_ok().then_some(m))
+}
+
+/// Wait until this process holds the lease of the job's fingerprint, or until another run has
+/// published it (then its manifest is the answer).
+async fn lease_or_reuse(store: &Store, job: &Job, name: &str, reporter: &Reporter) -> anyhow::Result<Result<lease::LeaseGuard, Manifest>> {
+    let mut delay = Duration::from_millis(20);
+    let mut announced = false;
+    loop {
+        if let Some(m) = reusable(store, &job.fingerprint, job.forced_at).await? {
+            return Ok(Err(m));
+        }
+        match lease::try_acquire(store, &job.fingerprint, &job.run_id, name).await? {
+            Acquired::Held(guard) => {
+                // It may have been published between the check and the lease.
+                if let Some(m) = reusable(store, &job.fingerprint, job.forced_at).await? {
+                    guard.release().await;
+                    return Ok(Err(m));
+                }
+                return Ok(Ok(guard));
+            }
+            Acquired::Busy(holder) => {
+                if !announced {
+                    announced = true;
+                    reporter.emit(Event::Waiting {
+                        instance: name.to_string(),
+                        holder: format!("run {} (process {} on {})", holder.run_id, holder.pid, holder.host),
+                    });
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1)).min(lease::ttl() / 4);
+            }
+        }
+    }
+}
+
+/// Run a job to completion (with its retries) and write its manifest — unless another run
+/// finishes it first, then that run's manifest is returned.
+pub async fn execute(c: &Compiled, registry: &Registry, store: &Store, job: Job, reporter: &Reporter) -> Result<Finished, ExecError> {
     let inst = &c.instances[job.instance];
     let kind = registry
         .get(&inst.kind)
         .ok_or_else(|| ExecError::Failed(anyhow::anyhow!("stage kind `{}` is not registered in this binary", inst.kind)))?
         .clone();
+    let guard = match lease_or_reuse(store, &job, &inst.name, reporter).await.map_err(ExecError::Failed)? {
+        Ok(guard) => guard,
+        Err(manifest) => return Ok(Finished { manifest, reused: true }),
+    };
+    let mut job = job;
+    let result = run_attempts(c, registry, &kind, store, &mut job, reporter).await;
+    guard.release().await;
+    result
+}
+
+async fn run_attempts(
+    c: &Compiled,
+    registry: &Registry,
+    kind: &Arc<dyn crate::kind::StageKind>,
+    store: &Store,
+    job: &mut Job,
+    reporter: &Reporter,
+) -> Result<Finished, ExecError> {
+    let inst = &c.instances[job.instance];
     let started_at = now_secs();
     let mut attempt = 0u32;
+    let mut repairs = 0u32;
     loop {
         attempt += 1;
         reporter.emit(Event::Started { instance: inst.name.clone(), fingerprint: job.fingerprint.clone(), attempt });
-        let staging = staging_dir(store, &job.fingerprint, attempt);
+        let staging = publish::staging_dir(store, &job.fingerprint, attempt);
         let scratch = std::env::temp_dir().join(format!("rao-scratch-{}-{}-{attempt}", std::process::id(), job.fingerprint));
-        let remove_staged = || inst.outputs.iter().for_each(|o| _ = std::fs::remove_dir_all(staged_output(&staging, o)));
+        let remove_staged = || inst.outputs.iter().for_each(|o| _ = std::fs::remove_dir_all(publish::staged_output(&staging, o)));
         remove_staged();
         let metrics = Arc::new(Mutex::new(BTreeMap::new()));
         let ctx = StageContext {
@@ -81,7 +160,11 @@ pub async fn execute(c: &Compiled, registry: &Registry, store: &Store, job: Job,
             staging: staging.clone(),
             metrics: metrics.clone(),
         };
-        let fut = kind.run(ctx);
+        // A panicking stage fails alone: its siblings and the run go on.
+        let fut = std::panic::AssertUnwindSafe(kind.run(ctx)).catch_unwind().map(|r| match r {
+            Ok(r) => r,
+            Err(panic) => Err(anyhow::anyhow!("the stage panicked: {}", panic_text(&panic))),
+        });
         let result = match inst.timeout {
             Some(t) => match tokio::time::timeout(t, fut).await {
                 Ok(r) => r.map_err(ExecError::Failed),
@@ -90,18 +173,34 @@ pub async fn execute(c: &Compiled, registry: &Registry, store: &Store, job: Job,
             None => fut.await.map_err(ExecError::Failed),
         };
         let result = match result {
-            Ok(()) => {
-                publish(c, store, &job, inst.outputs.as_slice(), &staging, metrics, started_at, attempt).await.map_err(ExecError::Failed)
-            }
+            Ok(()) => publish::publish(c, store, job, &staging, metrics, started_at, attempt).await.map_err(ExecError::Failed),
             Err(e) => Err(e),
         };
         remove_staged();
         let _ = std::fs::remove_dir_all(&scratch);
         match result {
-            Ok(m) => return Ok(m),
+            Ok(Published { manifest, ours }) => {
+                // Progress of earlier attempts is not needed once the result is published.
+                let _ = store.delete_prefix(&format!("{}/", crate::layout::progress_prefix(&job.fingerprint))).await;
+                return Ok(Finished { manifest, reused: !ours });
+            }
+            // A damaged input is set aside and recomputed, then the stage starts over (this is
+            // not one of its retries). Bounded: a producer that keeps writing bad bytes fails.
+            Err(ExecError::Failed(e)) if e.downcast_ref::<InputDamaged>().is_some() && repairs < 3 => {
+                repairs += 1;
+                attempt -= 1;
+                let damaged = e.downcast_ref::<InputDamaged>().unwrap().clone();
+                reporter.emit(Event::Damaged {
+                    instance: damaged.producer.clone(),
+                    fingerprint: damaged.fingerprint.clone(),
+                    why: damaged.to_string(),
+                });
+                repair_input(c, registry, store, job, &damaged, reporter).await.map_err(ExecError::Failed)?;
+            }
             Err(e) if attempt <= inst.retries => {
                 let delay = (0.2 * 2f64.powi(attempt as i32 - 1)).min(10.0);
-                reporter.emit(Event::Retrying { instance: inst.name.clone(), attempt, error: e.to_string(), delay_s: delay });
+                let error = crate::secrets::redact(&e.to_string());
+                reporter.emit(Event::Retrying { instance: inst.name.clone(), attempt, error, delay_s: delay });
                 tokio::time::sleep(Duration::from_secs_f64(delay)).await;
             }
             Err(e) => return Err(e),
@@ -109,100 +208,42 @@ pub async fn execute(c: &Compiled, registry: &Registry, store: &Store, job: Job,
     }
 }
 
-/// Where a stage writes output `name` before it is published: a sibling of the other outputs'
-/// (no parent directory to create and delete: new inodes are most of a small stage's cost).
-pub fn staged_output(staging: &Path, name: &str) -> PathBuf {
-    let mut path = staging.as_os_str().to_owned();
-    path.push(".");
-    path.push(name);
-    PathBuf::from(path)
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }
 
-fn staging_dir(store: &Store, fp: &str, attempt: u32) -> PathBuf {
-    let name = format!("{fp}.{}.{attempt}", std::process::id());
-    match store.local_root() {
-        // Same filesystem as the objects: publishing is a rename.
-        Some(root) => root.join("staging").join(name),
-        None => std::env::temp_dir().join("rao-staging").join(name),
-    }
-}
-
-/// Move staged outputs into the store, then write the manifest (last: it is what "done" means).
-#[allow(clippy::too_many_arguments)]
-async fn publish(
+/// Set the damaged artifact's manifest aside, get a good one (recomputed here, or published
+/// meanwhile by another run) and point the job's inputs at it.
+async fn repair_input(
     c: &Compiled,
+    registry: &Registry,
     store: &Store,
-    job: &Job,
-    outputs: &[String],
-    staging: &Path,
-    metrics: Arc<Mutex<BTreeMap<String, f64>>>,
-    started_at: f64,
-    attempts: u32,
-) -> anyhow::Result<Manifest> {
-    let mut files_by_output = BTreeMap::new();
-    for out in outputs {
-        let prefix = output_prefix(&job.fingerprint, out);
-        let dir = staged_output(staging, out);
-        let target = store.local_path(&prefix);
-        // Leftovers of a killed attempt are never trusted: start clean.
-        match &target {
-            Some(t) => _ = std::fs::remove_dir_all(t),
-            None => store.delete_prefix(&prefix).await?,
-        }
-        let mut entries = Vec::new();
-        for rel in walk_files(&dir)? {
-            let bytes = std::fs::read(dir.join(&rel))?;
-            entries.push(FileEntry { path: rel.clone(), size: bytes.len() as u64, blake3: blake3::hash(&bytes).to_hex().to_string() });
-            if target.is_none() {
-                store.put(&format!("{prefix}/{rel}"), Bytes::from(bytes)).await?;
-            }
-        }
-        // A local store takes the whole directory in one rename (same filesystem).
-        if let (Some(t), false) = (&target, entries.is_empty()) {
-            std::fs::create_dir_all(t.parent().unwrap())?;
-            std::fs::rename(&dir, t)?;
-        }
-        files_by_output.insert(out.clone(), entries);
-    }
-    let inst = &c.instances[job.instance];
-    let manifest = Manifest {
-        fingerprint: job.fingerprint.clone(),
-        kind: inst.kind.clone(),
-        kind_version: inst.kind_version,
-        instance: inst.name.clone(),
-        pipeline: c.name.clone(),
-        outputs: files_by_output,
-        metrics: metrics.lock().unwrap().clone(),
-        started_at,
-        finished_at: now_secs(),
-        attempts,
-    };
-    store.put_json(&manifest_key(&job.fingerprint), &manifest).await?;
-    store.put_json(&index_key(&c.name, &inst.name), &IndexEntry { fingerprint: job.fingerprint.clone(), parts: job.parts.clone() }).await?;
-    Ok(manifest)
-}
-
-/// Relative paths of all files under `dir` (sorted; empty if it does not exist).
-fn walk_files(dir: &Path) -> std::io::Result<Vec<String>> {
-    let mut out = Vec::new();
-    if !dir.exists() {
-        return Ok(out);
-    }
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d)? {
-            let e = e?;
-            let p = e.path();
-            if e.file_type()?.is_dir() {
-                stack.push(p);
-            } else {
-                let rel = p.strip_prefix(dir).unwrap().to_string_lossy().replace('\\', "/");
-                out.push(rel);
-            }
+    job: &mut Job,
+    damaged: &InputDamaged,
+    reporter: &Reporter,
+) -> anyhow::Result<()> {
+    if let Some(bytes) = store.get_opt(&crate::layout::manifest_key(&damaged.fingerprint)).await? {
+        // Only the manifest that pointed at the damaged files goes; a newer one is used as it is.
+        let stale = match manifest::parse(&damaged.fingerprint, bytes.clone()) {
+            ManifestState::Done(m) => m.attempt == damaged.attempt,
+            _ => true,
+        };
+        if stale {
+            manifest::quarantine(store, &damaged.fingerprint, &bytes).await?;
         }
     }
-    out.sort();
-    Ok(out)
+    let fresh = Box::pin(execute_by_name(c, registry, store, &damaged.producer, &job.run_id, reporter)).await?;
+    for artifacts in job.inputs.values_mut() {
+        for a in artifacts.iter_mut().filter(|a| a.fingerprint == damaged.fingerprint) {
+            a.attempt = fresh.attempt.clone();
+            a.files = fresh.outputs.get(&a.output).cloned().unwrap_or_default();
+        }
+    }
+    Ok(())
 }
 
 /// Input artifacts of instance `i`, from the manifests of its producers.
@@ -220,6 +261,7 @@ pub fn input_artifacts(
             v.push(InputArtifact {
                 instance: c.instances[producer].name.clone(),
                 fingerprint: m.fingerprint.clone(),
+                attempt: m.attempt.clone(),
                 files: m.outputs.get(&output).cloned().unwrap_or_default(),
                 output,
             });
@@ -231,10 +273,11 @@ pub fn input_artifacts(
 
 /// The arguments of `rao exec` for one instance (after the program name), with absolute paths so
 /// the command works from any directory and on any node that sees the same files and store.
-pub fn exec_args(c: &Compiled, instance: &str, store: &Store) -> Vec<String> {
+pub fn exec_args(c: &Compiled, instance: &str, store: &Store, run_id: &str) -> Vec<String> {
     let file = std::fs::canonicalize(&c.file).unwrap_or_else(|_| c.file.clone());
     let store = store.local_root().map(|r| r.display().to_string()).unwrap_or_else(|| store.url().to_string());
     let mut args = vec!["exec".to_string(), file.display().to_string(), instance.to_string(), "--store".into(), store, "--quiet".into()];
+    args.extend(["--run-id".to_string(), run_id.to_string()]);
     for o in &c.overrides {
         args.extend(["--set".to_string(), o.clone()]);
     }
@@ -248,6 +291,7 @@ pub async fn execute_by_name(
     registry: &Registry,
     store: &Store,
     name: &str,
+    run_id: &str,
     reporter: &Reporter,
 ) -> anyhow::Result<Manifest> {
     let i = c.instance_index(name).ok_or_else(|| {
@@ -268,5 +312,6 @@ pub async fn execute_by_name(
         anyhow::anyhow!("`{name}` cannot run yet: inputs not done: {}", missing.join(", "))
     })?;
     let fingerprint = parts.fingerprint();
-    Ok(execute(c, registry, store, Job { instance: i, parts, fingerprint, inputs }, reporter).await?)
+    let job = Job { instance: i, parts, fingerprint, inputs, run_id: run_id.to_string(), forced_at: None };
+    Ok(execute(c, registry, store, job, reporter).await?.manifest)
 }

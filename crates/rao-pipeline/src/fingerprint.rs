@@ -1,4 +1,22 @@
 //! Content fingerprints of stage instances, and the explanation of why one changed.
+//!
+//! An instance's fingerprint is the first 128 bits (hex) of a blake3 hash over exactly these
+//! fields, each written as its length (u64, little-endian) and then its bytes, after the
+//! domain tag `rao-fingerprint-v2`:
+//!
+//! | field          | what it is                                                                                   |
+//! |----------------|----------------------------------------------------------------------------------------------|
+//! | `kind`         | the stage kind's name                                                                        |
+//! | `kind_version` | the kind's hand-kept version (u32 LE)                                                        |
+//! | `code`         | a build-time hash of the source code that produces the kind's outputs (`StageKind::code_version`) |
+//! | `machine`      | what makes the kind's bits machine-dependent, e.g. the CPU's SIMD path (`StageKind::machine_profile`) |
+//! | `params`       | the params *as resolved* (placeholders substituted, defaults filled), canonical JSON         |
+//! | `seed`         | the instance's seed (u64 LE), derived from the pipeline seed and the instance name          |
+//! | `extra`        | what the kind adds (files a shell command reads, a dataset's listing)                        |
+//! | `inputs`       | the number of inputs, then per input (by name) its name, its number of sources and each source as `FINGERPRINT/OUTPUT` |
+//!
+//! Not in it: where an instance runs (executor, host), when, the store, the pipeline's and the
+//! instance's names (except through the seed), `${env.…}` values (only their placeholders).
 
 use std::collections::BTreeMap;
 
@@ -12,6 +30,10 @@ use crate::compile::{Compiled, Source};
 pub struct FpParts {
     pub kind: String,
     pub kind_version: u32,
+    #[serde(default)]
+    pub code: String,
+    #[serde(default)]
+    pub machine: String,
     pub params: Value,
     pub seed: u64,
     #[serde(default)]
@@ -23,16 +45,24 @@ pub struct FpParts {
 impl FpParts {
     pub fn fingerprint(&self) -> String {
         let mut h = blake3::Hasher::new();
-        h.update(self.kind.as_bytes());
-        h.update(&self.kind_version.to_le_bytes());
-        h.update(canonical(&self.params).as_bytes());
-        h.update(&self.seed.to_le_bytes());
-        h.update(self.extra.as_bytes());
+        let mut field = |bytes: &[u8]| {
+            h.update(&(bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        field(b"rao-fingerprint-v2");
+        field(self.kind.as_bytes());
+        field(&self.kind_version.to_le_bytes());
+        field(self.code.as_bytes());
+        field(self.machine.as_bytes());
+        field(canonical(&self.params).as_bytes());
+        field(&self.seed.to_le_bytes());
+        field(self.extra.as_bytes());
+        field(&(self.inputs.len() as u64).to_le_bytes());
         for (name, srcs) in &self.inputs {
-            h.update(name.as_bytes());
+            field(name.as_bytes());
+            field(&(srcs.len() as u64).to_le_bytes());
             for s in srcs {
-                h.update(s.as_bytes());
-                h.update(b"\0");
+                field(s.as_bytes());
             }
         }
         h.finalize().to_hex()[..32].to_string()
@@ -43,6 +73,11 @@ impl FpParts {
         let mut why = Vec::new();
         if self.kind != old.kind || self.kind_version != old.kind_version {
             why.push(format!("kind {} v{} → {} v{}", old.kind, old.kind_version, self.kind, self.kind_version));
+        } else if self.code != old.code {
+            why.push(format!("code of kind {} changed", self.kind));
+        }
+        if self.machine != old.machine {
+            why.push(format!("machine profile changed: {} → {}", short_text(&old.machine), short_text(&self.machine)));
         }
         diff_values("params", &old.params, &self.params, &mut why);
         if self.seed != old.seed {
@@ -83,9 +118,13 @@ fn diff_values(path: &str, old: &Value, new: &Value, out: &mut Vec<String>) {
     }
 }
 
+fn short_text(s: &str) -> String {
+    if s.is_empty() { "(none)".into() } else { s.to_string() }
+}
+
 fn short(v: &Value) -> String {
     let s = v.to_string();
-    if s.len() > 40 { format!("{}…", &s[..40]) } else { s }
+    if s.chars().count() > 40 { format!("{}…", s.chars().take(40).collect::<String>()) } else { s }
 }
 
 /// JSON with object keys sorted at every level: the same value always hashes the same.
@@ -140,7 +179,9 @@ impl Compiled {
         Some(FpParts {
             kind: inst.kind.clone(),
             kind_version: inst.kind_version,
-            params: inst.params.clone(),
+            code: inst.code.clone(),
+            machine: inst.machine.clone(),
+            params: inst.resolved_params.clone(),
             seed: inst.seed,
             extra: inst.extra.clone(),
             inputs,

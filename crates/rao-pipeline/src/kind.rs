@@ -10,7 +10,9 @@ use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::store::{FileEntry, Store, output_prefix};
+use crate::integrity;
+use crate::layout::output_prefix;
+use crate::store::{FileEntry, Store};
 
 /// A problem with one parameter: `key` is the top-level param it concerns (if known).
 #[derive(Debug, Clone)]
@@ -43,12 +45,38 @@ pub trait StageKind: Send + Sync + 'static {
     fn fingerprint_extra(&self, _params: &Value, _base_dir: &Path) -> Result<String, String> {
         Ok(String::new())
     }
+    /// A hash of the source code that produces this kind's outputs, computed at build time
+    /// (part of the fingerprint: changed code is a cache miss without bumping `version`).
+    fn code_version(&self) -> &'static str {
+        ""
+    }
+    /// What makes this kind's output bits depend on the machine that computes them (e.g. the SIMD
+    /// path of CPU kernels); part of the fingerprint, so machines that differ never share results.
+    fn machine_profile(&self, _params: &Value) -> String {
+        String::new()
+    }
+    /// The params as the kind will use them, defaults filled in: what the fingerprint hashes, so
+    /// writing a default out is no cache miss and changing a default is one.
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        Ok(params.clone())
+    }
+    /// Checks across params and inputs that `rao validate` runs before anything executes
+    /// (e.g. a minimum above a maximum). `inputs` are the names of the inputs given.
+    fn check(&self, _params: &Value, _inputs: &[&str]) -> Vec<ParamError> {
+        Vec::new()
+    }
     fn run(&self, ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>>;
 }
 
 /// Check `params` against a serde type `P` (use `#[serde(deny_unknown_fields)]` on it).
 pub fn check_typed<P: DeserializeOwned + schemars::JsonSchema>(params: &Value) -> Result<(), ParamError> {
     parse_typed::<P>(params).map(|_| ())
+}
+
+/// `params` parsed into `P` and written back: every default filled in.
+pub fn resolve_typed<P: DeserializeOwned + serde::Serialize + schemars::JsonSchema>(params: &Value) -> Result<Value, ParamError> {
+    let p = parse_typed::<P>(params)?;
+    serde_json::to_value(&p).map_err(|e| ParamError { key: None, message: format!("params: {e}"), help: None })
 }
 
 /// Parse `params` into `P`, naming the offending key on failure.
@@ -111,14 +139,22 @@ impl Registry {
 pub struct InputArtifact {
     pub instance: String,
     pub fingerprint: String,
+    /// The producer's attempt directory (see `Manifest::attempt`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<String>,
     pub output: String,
     pub files: Vec<FileEntry>,
 }
 
 impl InputArtifact {
+    /// Store key prefix of this artifact.
+    pub fn prefix(&self) -> String {
+        output_prefix(&self.fingerprint, self.attempt.as_deref(), &self.output)
+    }
+
     /// Store key of one of this artifact's files.
     pub fn key(&self, path: &str) -> String {
-        format!("{}/{}", output_prefix(&self.fingerprint, &self.output), path)
+        format!("{}/{}", self.prefix(), path)
     }
 }
 
@@ -158,7 +194,7 @@ impl StageContext {
             self.instance,
             self.outputs.join(", ")
         );
-        let dir = crate::exec::staged_output(&self.staging, name);
+        let dir = crate::publish::staged_output(&self.staging, name);
         std::fs::create_dir_all(&dir)?;
         Ok(dir)
     }
@@ -178,22 +214,40 @@ impl StageContext {
         self.inputs.get(name).map(|v| v.as_slice()).ok_or_else(|| anyhow::anyhow!("stage `{}` has no input named `{name}`", self.instance))
     }
 
-    /// Read one file of one input artifact.
+    /// Read one file of one input artifact; its bytes are checked against the manifest.
     pub async fn read_input_file(&self, artifact: &InputArtifact, path: &str) -> anyhow::Result<Bytes> {
-        Ok(self.store.get(&artifact.key(path)).await?)
+        let bytes = match self.store.get(&artifact.key(path)).await {
+            Ok(b) => b,
+            Err(crate::store::StoreError::NotFound { .. }) if artifact.files.iter().any(|f| f.path == path) => {
+                return Err(integrity::InputDamaged {
+                    producer: artifact.instance.clone(),
+                    fingerprint: artifact.fingerprint.clone(),
+                    attempt: artifact.attempt.clone(),
+                    output: artifact.output.clone(),
+                    why: format!("file `{path}` is missing"),
+                }
+                .into());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        integrity::check_bytes(artifact, path, &bytes)?;
+        Ok(bytes)
     }
 
-    /// A local directory holding the artifact's files: in place for a local store, else downloaded.
+    /// A local directory holding the artifact's files, checked against the manifest: in place
+    /// for a local store (never write into it), else downloaded.
     pub async fn input_dir(&self, artifact: &InputArtifact) -> anyhow::Result<PathBuf> {
-        let prefix = output_prefix(&artifact.fingerprint, &artifact.output);
-        if let Some(dir) = self.store.local_path(&prefix) {
-            std::fs::create_dir_all(&dir)?;
+        if let Some(dir) = self.store.local_path(&artifact.prefix()) {
+            if artifact.files.is_empty() {
+                std::fs::create_dir_all(&dir)?;
+            }
+            integrity::check_dir(artifact, &dir)?;
             return Ok(dir);
         }
         let dir = self.scratch.join("in").join(&artifact.fingerprint).join(&artifact.output);
         std::fs::create_dir_all(&dir)?;
         for f in &artifact.files {
-            let bytes = self.store.get(&artifact.key(&f.path)).await?;
+            let bytes = self.read_input_file(artifact, &f.path).await?;
             let target = dir.join(&f.path);
             if let Some(parent) = target.parent() {
                 std::fs::create_dir_all(parent)?;
@@ -203,19 +257,55 @@ impl StageContext {
         Ok(dir)
     }
 
+    /// Resumable progress saved by an earlier attempt of this same instance (same fingerprint),
+    /// if any: a long stage that was killed picks up from here. Checked: damaged progress is
+    /// ignored (the stage starts over).
+    pub async fn load_progress(&self, name: &str) -> anyhow::Result<Option<Bytes>> {
+        crate::layout::check_component("progress name", name).map_err(|e| anyhow::anyhow!(e))?;
+        let key = format!("{}/{name}", crate::layout::progress_prefix(&self.fingerprint));
+        let Some(bytes) = self.store.get_opt(&key).await? else { return Ok(None) };
+        if bytes.len() < 32 || blake3::hash(&bytes[32..]).as_bytes() != &bytes[..32] {
+            return Ok(None);
+        }
+        Ok(Some(bytes.slice(32..)))
+    }
+
+    /// Save resumable progress (written whole or not at all; removed once the stage is published).
+    pub async fn save_progress(&self, name: &str, payload: &[u8]) -> anyhow::Result<()> {
+        crate::layout::check_component("progress name", name).map_err(|e| anyhow::anyhow!(e))?;
+        let key = format!("{}/{name}", crate::layout::progress_prefix(&self.fingerprint));
+        let mut bytes = Vec::with_capacity(32 + payload.len());
+        bytes.extend_from_slice(blake3::hash(payload).as_bytes());
+        bytes.extend_from_slice(payload);
+        Ok(self.store.put(&key, Bytes::from(bytes)).await?)
+    }
+
     /// Record a metric in the manifest (loops can stop on them; reports read them).
     pub fn set_metric(&self, name: &str, value: f64) {
-        self.metrics.lock().unwrap().insert(name.to_string(), value);
+        self.metrics.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), value);
     }
 }
 
 /// The easy way to write a kind: typed params and fixed inputs/outputs. Register with
 /// `registry.register(Arc::new(Typed::<MyStage>::default()))`.
 pub trait TypedStage: Send + Sync + 'static {
-    type Params: DeserializeOwned + schemars::JsonSchema + Send + 'static;
+    type Params: DeserializeOwned + serde::Serialize + schemars::JsonSchema + Send + 'static;
     const NAME: &'static str;
-    /// Bump when outputs would change for the same params and inputs.
+    /// Bump to force recomputation when outputs would change for the same params, inputs and
+    /// code (rarely needed: `code` changes with the sources).
     const VERSION: u32;
+    /// See `StageKind::code_version`.
+    fn code() -> &'static str {
+        ""
+    }
+    /// See `StageKind::machine_profile`.
+    fn machine_profile(_params: &Self::Params) -> String {
+        String::new()
+    }
+    /// See `StageKind::check`.
+    fn check(_params: &Self::Params, _inputs: &[&str]) -> Vec<ParamError> {
+        Vec::new()
+    }
     const DESCRIBE: &'static str;
     const INPUTS: &'static [InputDecl];
     const OUTPUTS: &'static [&'static str];
@@ -245,6 +335,21 @@ impl<T: TypedStage> StageKind for Typed<T> {
     }
     fn check_params(&self, params: &Value) -> Result<(), ParamError> {
         check_typed::<T::Params>(params)
+    }
+    fn code_version(&self) -> &'static str {
+        T::code()
+    }
+    fn machine_profile(&self, params: &Value) -> String {
+        parse_typed::<T::Params>(params).map(|p| T::machine_profile(&p)).unwrap_or_default()
+    }
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        resolve_typed::<T::Params>(params)
+    }
+    fn check(&self, params: &Value, inputs: &[&str]) -> Vec<ParamError> {
+        match parse_typed::<T::Params>(params) {
+            Ok(p) => T::check(&p, inputs),
+            Err(e) => vec![e],
+        }
     }
     fn inputs(&self) -> Option<&'static [InputDecl]> {
         Some(T::INPUTS)

@@ -16,9 +16,9 @@ use serde_json::{Value, json};
 
 use crate::compile::Compiled;
 use crate::events::{Event, Reporter};
-use crate::exec::{Job, exec_args};
-use crate::scheduler::Executor;
-use crate::store::{Manifest, Store, manifest_key};
+use crate::exec::{Finished, Job, exec_args};
+use crate::executor::{Executor, finished_by};
+use crate::store::Store;
 
 #[derive(Clone)]
 pub struct Ray {
@@ -88,7 +88,7 @@ impl Ray {
 
     async fn submit(&self, c: &Compiled, job: &Job, id: &str) -> Result<(), String> {
         let inst = &c.instances[job.instance];
-        let cmd = [vec![self.exe.display().to_string()], exec_args(&c, &inst.name, &self.store)].concat();
+        let cmd = [vec![self.exe.display().to_string()], exec_args(c, &inst.name, &self.store, &job.run_id)].concat();
         let entrypoint = cmd.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ");
         let body = json!({
             "entrypoint": entrypoint,
@@ -117,7 +117,7 @@ impl Ray {
         }
     }
 
-    async fn run_job(&self, c: Arc<Compiled>, job: Job) -> Result<Manifest, String> {
+    async fn run_job(&self, c: Arc<Compiled>, job: Job) -> Result<Finished, String> {
         let inst = &c.instances[job.instance];
         let terminal = |s: &str| matches!(s, "SUCCEEDED" | "FAILED" | "STOPPED");
         let mut attempt = 0;
@@ -127,8 +127,8 @@ impl Ray {
                 // An earlier `rao run`'s job that ended: done if it left a manifest, else it
                 // failed or was stopped, and this run submits a fresh one under the next id.
                 Some(s) if terminal(&s) => {
-                    if let Some(m) = self.store.get_json::<Manifest>(&manifest_key(&job.fingerprint)).await.map_err(|e| e.to_string())? {
-                        return Ok(m);
+                    if let Some(f) = finished_by(&self.store, &job).await? {
+                        return Ok(f);
                     }
                     attempt += 1;
                     if attempt > 64 {
@@ -151,8 +151,8 @@ impl Ray {
             }
         };
         guard.url = None;
-        match self.store.get_json::<Manifest>(&manifest_key(&job.fingerprint)).await.map_err(|e| e.to_string())? {
-            Some(m) => Ok(m),
+        match finished_by(&self.store, &job).await? {
+            Some(f) => Ok(f),
             None => Err(format!("Ray job {id} ended {status} without a manifest:\n{}", self.logs_tail(&id).await)),
         }
     }
@@ -162,7 +162,7 @@ impl Executor for Ray {
     fn name(&self) -> &'static str {
         "ray"
     }
-    fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Manifest, String>> {
+    fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Finished, String>> {
         let me = self.clone();
         Box::pin(async move { me.run_job(c, job).await })
     }

@@ -1,93 +1,21 @@
 //! The scheduler: runs ready instances concurrently (up to --jobs and the resource limits),
-//! skips what the store already has, stops dependents of failures, and writes the run record.
+//! skips what the store already has, stops dependents of failures, and keeps the run record.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
-use serde::Serialize;
 use tokio::task::JoinSet;
 
 use crate::compile::{Compiled, Source};
 use crate::events::{Event, Reporter};
-use crate::exec::{self, Job, now_secs};
-use crate::kind::Registry;
-use crate::store::{Manifest, Store, manifest_key};
-
-/// Something that can run a job: in this process, as a child process, or on a cluster.
-pub trait Executor: Send + Sync {
-    fn name(&self) -> &'static str;
-    fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Manifest, String>>;
-}
-
-/// Runs stages inside the scheduler's process.
-pub struct InProcess {
-    pub registry: Arc<Registry>,
-    pub store: Store,
-    pub reporter: Reporter,
-}
-
-impl Executor for InProcess {
-    fn name(&self) -> &'static str {
-        "in-process"
-    }
-    fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Manifest, String>> {
-        let (registry, store, reporter) = (self.registry.clone(), self.store.clone(), self.reporter.clone());
-        Box::pin(async move { exec::execute(&c, &registry, &store, job, &reporter).await.map_err(|e| e.to_string()) })
-    }
-}
-
-/// Runs each stage as `rao exec` in a child process: the seam remote executors use.
-pub struct LocalProcess {
-    pub exe: std::path::PathBuf,
-    pub store: Store,
-    pub reporter: Reporter,
-}
-
-impl Executor for LocalProcess {
-    fn name(&self) -> &'static str {
-        "process"
-    }
-    fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Manifest, String>> {
-        let (exe, store, reporter) = (self.exe.clone(), self.store.clone(), self.reporter.clone());
-        Box::pin(async move {
-            let inst = &c.instances[job.instance];
-            reporter.emit(Event::Started { instance: inst.name.clone(), fingerprint: job.fingerprint.clone(), attempt: 1 });
-            let out = tokio::process::Command::new(&exe)
-                .args(exec::exec_args(&c, &inst.name, &store))
-                .kill_on_drop(true)
-                .stdin(std::process::Stdio::null())
-                .output()
-                .await
-                .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
-            if !out.status.success() {
-                let err = String::from_utf8_lossy(&out.stderr);
-                return Err(format!("`rao exec` exited with {}: {}", out.status, err.trim()));
-            }
-            store
-                .get_json::<Manifest>(&manifest_key(&job.fingerprint))
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| "`rao exec` succeeded but wrote no manifest".to_string())
-        })
-    }
-}
-
-/// Routes each instance to its own executor (a stage may name one, e.g. Ray for the rollouts).
-pub struct PerInstance {
-    pub executors: Vec<Arc<dyn Executor>>,
-    pub name: &'static str,
-}
-
-impl Executor for PerInstance {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Manifest, String>> {
-        self.executors[job.instance].execute(c, job)
-    }
-}
+use crate::exec::{Finished, Job, now_secs};
+use crate::executor::Executor;
+use crate::fingerprint::FpParts;
+use crate::manifest::{self, Manifest, ManifestState};
+use crate::run_record::{self, InstanceRecord, InstanceStatus, RunRecord, RunStatus};
+use crate::store::Store;
 
 #[derive(Clone)]
 pub struct RunOptions {
@@ -118,62 +46,6 @@ impl Default for RunOptions {
     }
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "snake_case")]
-pub enum InstanceStatus {
-    Pending,
-    Done,
-    Cached,
-    Failed,
-    Skipped,
-    Cancelled,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct InstanceRecord {
-    pub name: String,
-    pub stage: String,
-    pub kind: String,
-    pub status: InstanceStatus,
-    pub fingerprint: Option<String>,
-    pub reason: Option<String>,
-    pub started_at: Option<f64>,
-    pub finished_at: Option<f64>,
-    pub attempts: u32,
-    pub metrics: BTreeMap<String, f64>,
-}
-
-/// Written to `runs/PIPELINE/RUN_ID.json` when a run starts and again when it ends.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunRecord {
-    pub run_id: String,
-    pub pipeline: String,
-    pub file: String,
-    pub store: String,
-    pub executor: String,
-    pub overrides: Vec<String>,
-    pub resolved: serde_json::Value,
-    /// What `RunOptions::code_version` said (reports show which code measured what).
-    pub code_version: String,
-    pub started_at: f64,
-    pub finished_at: Option<f64>,
-    pub status: String,
-    pub instances: Vec<InstanceRecord>,
-}
-
-impl RunRecord {
-    pub fn key(&self) -> String {
-        format!("runs/{}/{}.json", self.pipeline, self.run_id)
-    }
-    pub fn failures(&self) -> Vec<(&str, &str)> {
-        self.instances
-            .iter()
-            .filter(|r| r.status == InstanceStatus::Failed)
-            .map(|r| (r.name.as_str(), r.reason.as_deref().unwrap_or("")))
-            .collect()
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
@@ -199,302 +71,437 @@ pub fn new_run_id() -> String {
     format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z-{}", rem / 3600, rem / 60 % 60, rem % 60, std::process::id())
 }
 
-enum Outcome {
-    Finished(usize, Result<Manifest, String>),
-}
-
 /// Run a compiled pipeline against a store.
 pub async fn run(c: Arc<Compiled>, executor: Arc<dyn Executor>, store: &Store, opts: RunOptions) -> Result<RunRecord, RunError> {
-    let n = c.instances.len();
-    let t0 = std::time::Instant::now();
-    let pick = |names: &[String]| -> Result<Vec<usize>, RunError> {
-        let mut v = Vec::new();
-        for name in names {
-            v.extend(c.select(name).ok_or_else(|| RunError::Usage(format!("no stage or instance named `{name}` in {}", c.name)))?);
-        }
-        Ok(v)
-    };
-    let forced = c.downstream(&pick(&opts.force)?);
-    let selected: Vec<bool> = if !opts.only.is_empty() {
-        let mut s = vec![false; n];
-        for i in pick(&opts.only)? {
-            s[i] = true;
-        }
-        s
-    } else if !opts.from.is_empty() {
-        c.downstream(&pick(&opts.from)?)
-    } else {
-        vec![true; n]
-    };
-    for inst in &c.instances {
-        if inst.resources.gpu > opts.gpus {
+    let mut s = Scheduler::new(c, executor, store.clone(), opts)?;
+    s.start().await?;
+    s.drive().await?;
+    Ok(s.finish().await)
+}
+
+/// The state of one run.
+struct Scheduler {
+    c: Arc<Compiled>,
+    executor: Arc<dyn Executor>,
+    store: Store,
+    opts: RunOptions,
+    record: RunRecord,
+    t0: Instant,
+    /// Instances `--force` recomputes (and when the force began).
+    forced: Vec<bool>,
+    forced_at: f64,
+    /// Instances `--only` / `--from` allow to run.
+    selected: Vec<bool>,
+    /// Topological position of each instance (ready instances start in this order).
+    position: Vec<usize>,
+    waiting_on: Vec<usize>,
+    upstream_failed: Vec<Option<String>>,
+    settled: Vec<bool>,
+    manifests: Vec<Option<Manifest>>,
+    fps: Vec<Option<String>>,
+    loop_exit: Vec<Option<u32>>,
+    ready: BinaryHeap<Reverse<(usize, usize)>>,
+    /// Ready but waiting for CPU or GPU slots.
+    deferred: Vec<usize>,
+    cpu_free: u32,
+    gpu_free: u32,
+    running: JoinSet<(usize, Result<Finished, String>)>,
+    running_needs: BTreeMap<usize, (u32, u32)>,
+    cancelled: bool,
+    last_heartbeat: f64,
+}
+
+impl Scheduler {
+    fn new(c: Arc<Compiled>, executor: Arc<dyn Executor>, store: Store, opts: RunOptions) -> Result<Scheduler, RunError> {
+        let n = c.instances.len();
+        let pick = |names: &[String]| -> Result<Vec<usize>, RunError> {
+            let mut v = Vec::new();
+            for name in names {
+                v.extend(c.select(name).ok_or_else(|| RunError::Usage(format!("no stage or instance named `{name}` in {}", c.name)))?);
+            }
+            Ok(v)
+        };
+        let forced = c.downstream(&pick(&opts.force)?);
+        let selected: Vec<bool> = if !opts.only.is_empty() {
+            let mut s = vec![false; n];
+            for i in pick(&opts.only)? {
+                s[i] = true;
+            }
+            s
+        } else if !opts.from.is_empty() {
+            c.downstream(&pick(&opts.from)?)
+        } else {
+            vec![true; n]
+        };
+        if let Some(inst) = c.instances.iter().find(|i| i.resources.gpu > opts.gpus) {
             return Err(RunError::Usage(format!(
                 "stage `{}` needs {} GPU(s) but this run has {} (pass --gpus N, or remove `resources.gpu`)",
                 inst.name, inst.resources.gpu, opts.gpus
             )));
         }
-    }
-    let mut record = RunRecord {
-        run_id: new_run_id(),
-        pipeline: c.name.clone(),
-        file: c.file.display().to_string(),
-        store: store.url().to_string(),
-        executor: executor.name().to_string(),
-        overrides: c.overrides.clone(),
-        resolved: c.resolved.clone(),
-        code_version: opts.code_version.clone(),
-        started_at: now_secs(),
-        finished_at: None,
-        status: "running".into(),
-        instances: c
-            .instances
-            .iter()
-            .map(|i| InstanceRecord {
-                name: i.name.clone(),
-                stage: i.stage.clone(),
-                kind: i.kind.clone(),
-                status: InstanceStatus::Pending,
-                fingerprint: None,
-                reason: None,
-                started_at: None,
-                finished_at: None,
-                attempts: 0,
-                metrics: BTreeMap::new(),
-            })
-            .collect(),
-    };
-    store.put_json(&record.key(), &record).await?;
-    let rep = opts.reporter.clone();
-    rep.emit(Event::RunStarted { pipeline: c.name.clone(), run_id: record.run_id.clone(), instances: n, store: store.url().to_string() });
-
-    let position: Vec<usize> = {
-        let mut p = vec![0; n];
+        let mut position = vec![0; n];
         for (k, &i) in c.order.iter().enumerate() {
-            p[i] = k;
+            position[i] = k;
         }
-        p
-    };
-    let mut waiting_on: Vec<usize> = (0..n).map(|i| c.predecessors(i).count()).collect();
-    let mut upstream_failed: Vec<Option<String>> = vec![None; n];
-    let mut settled = vec![false; n];
-    let mut manifests: Vec<Option<Manifest>> = vec![None; n];
-    let mut fps: Vec<Option<String>> = vec![None; n];
-    let mut loop_exit: Vec<Option<u32>> = vec![None; c.loops.len()];
-    let mut ready: BinaryHeap<Reverse<(usize, usize)>> =
-        (0..n).filter(|&i| waiting_on[i] == 0).map(|i| Reverse((position[i], i))).collect();
-    let mut deferred: Vec<usize> = Vec::new();
-    let (mut cpu_free, mut gpu_free) = (opts.jobs.max(1) as u32, opts.gpus);
-    let mut running: JoinSet<Outcome> = JoinSet::new();
-    let mut running_needs: BTreeMap<usize, (u32, u32)> = BTreeMap::new();
-    let mut ctrl_c = Box::pin(async move {
-        if opts.handle_ctrl_c {
-            let _ = tokio::signal::ctrl_c().await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    });
-    let mut cancelled = false;
-
-    // Marks instance `i` settled and releases its successors.
-    macro_rules! settle {
-        ($i:expr, $failed:expr) => {{
-            let i: usize = $i;
-            settled[i] = true;
-            let failed: Option<String> = $failed;
-            for s in c.successors(i).collect::<Vec<_>>() {
-                if let Some(why) = &failed {
-                    if upstream_failed[s].is_none() {
-                        upstream_failed[s] = Some(why.clone());
-                    }
-                }
-                waiting_on[s] -= 1;
-                if waiting_on[s] == 0 {
-                    ready.push(Reverse((position[s], s)));
-                }
-            }
-        }};
+        let waiting_on: Vec<usize> = (0..n).map(|i| c.predecessors(i).count()).collect();
+        let ready = (0..n).filter(|&i| waiting_on[i] == 0).map(|i| Reverse((position[i], i))).collect();
+        let now = now_secs();
+        let record = RunRecord {
+            run_id: new_run_id(),
+            pipeline: c.name.clone(),
+            file: c.file.display().to_string(),
+            store: store.url().to_string(),
+            executor: executor.name().to_string(),
+            overrides: run_record::redact_overrides(&c.overrides),
+            resolved: crate::secrets::redact_value(&c.resolved),
+            code_version: opts.code_version.clone(),
+            host: crate::lease::host_name(),
+            pid: std::process::id(),
+            started_at: now,
+            heartbeat_at: now,
+            finished_at: None,
+            status: RunStatus::Running,
+            instances: c
+                .instances
+                .iter()
+                .map(|i| InstanceRecord {
+                    name: i.name.clone(),
+                    stage: i.stage.clone(),
+                    kind: i.kind.clone(),
+                    status: InstanceStatus::Pending,
+                    fingerprint: None,
+                    reason: None,
+                    started_at: None,
+                    finished_at: None,
+                    attempts: 0,
+                    metrics: BTreeMap::new(),
+                })
+                .collect(),
+        };
+        let jobs = opts.jobs.max(1) as u32;
+        Ok(Scheduler {
+            forced,
+            forced_at: now,
+            selected,
+            position,
+            waiting_on,
+            upstream_failed: vec![None; n],
+            settled: vec![false; n],
+            manifests: vec![None; n],
+            fps: vec![None; n],
+            loop_exit: vec![None; c.loops.len()],
+            ready,
+            deferred: Vec::new(),
+            cpu_free: jobs,
+            gpu_free: opts.gpus,
+            running: JoinSet::new(),
+            running_needs: BTreeMap::new(),
+            cancelled: false,
+            last_heartbeat: now,
+            record,
+            t0: Instant::now(),
+            c,
+            executor,
+            store,
+            opts,
+        })
     }
 
-    loop {
-        // Launch or settle everything that is ready.
-        while let Some(Reverse((_, i))) = ready.pop() {
-            if settled[i] {
+    fn emit(&self, e: Event) {
+        self.opts.reporter.emit(e)
+    }
+
+    /// Writing the run record is bookkeeping: a store that refuses it (read-only, full) costs a
+    /// warning, not the run.
+    async fn save_record(&mut self) {
+        self.record.heartbeat_at = now_secs();
+        self.last_heartbeat = self.record.heartbeat_at;
+        if let Err(e) = self.store.put_json(&self.record.key(), &self.record).await {
+            self.emit(Event::Warning { message: format!("cannot write the run record: {e}") });
+        }
+    }
+
+    async fn start(&mut self) -> Result<(), RunError> {
+        // Earlier runs of this pipeline that were killed are recorded as such; their staging goes.
+        match run_record::close_interrupted(&self.store, &self.c.name).await {
+            Ok(closed) if !closed.is_empty() => {
+                self.emit(Event::Warning { message: format!("recorded as interrupted: earlier run(s) {}", closed.join(", ")) })
+            }
+            Ok(_) => {}
+            Err(e) => self.emit(Event::Warning { message: format!("cannot check earlier runs: {e}") }),
+        }
+        crate::maintenance::remove_dead_staging(&self.store);
+        self.save_record().await;
+        let marker = run_record::active_key(&self.c.name, &self.record.run_id);
+        if let Err(e) = self.store.put(&marker, bytes::Bytes::new()).await {
+            self.emit(Event::Warning { message: format!("cannot mark the run active: {e}") });
+        }
+        self.emit(Event::RunStarted {
+            pipeline: self.c.name.clone(),
+            run_id: self.record.run_id.clone(),
+            instances: self.c.instances.len(),
+            store: self.store.url().to_string(),
+        });
+        Ok(())
+    }
+
+    /// Mark instance `i` settled and release its successors.
+    fn settle(&mut self, i: usize, failed: Option<String>) {
+        self.settled[i] = true;
+        for s in self.c.successors(i).collect::<Vec<_>>() {
+            if let Some(why) = &failed {
+                self.upstream_failed[s].get_or_insert_with(|| why.clone());
+            }
+            self.waiting_on[s] -= 1;
+            if self.waiting_on[s] == 0 {
+                self.ready.push(Reverse((self.position[s], s)));
+            }
+        }
+    }
+
+    fn mark(&mut self, i: usize, status: InstanceStatus, reason: Option<String>) {
+        self.record.instances[i].status = status;
+        self.record.instances[i].reason = reason;
+    }
+
+    /// A finished manifest that can serve as a cache hit for `fp`; a damaged one is reported and
+    /// set aside (the instance then runs again).
+    async fn cache_hit(&self, i: usize, fp: &str) -> Result<Option<Manifest>, RunError> {
+        let bytes = match self.store.get_opt(&crate::layout::manifest_key(fp)).await? {
+            Some(b) => b,
+            None => return Ok(None),
+        };
+        let why = match manifest::parse(fp, bytes.clone()) {
+            ManifestState::Done(m) => match manifest::check_sizes(&self.store, &m).await? {
+                Ok(()) => return Ok(Some(m)),
+                Err(why) => why,
+            },
+            ManifestState::Damaged { why, .. } => why,
+            ManifestState::Missing => return Ok(None),
+        };
+        self.emit(Event::Damaged { instance: self.c.instances[i].name.clone(), fingerprint: fp.to_string(), why });
+        manifest::quarantine(&self.store, fp, &bytes).await?;
+        Ok(None)
+    }
+
+    /// Start or settle everything that is ready.
+    async fn launch_ready(&mut self) -> Result<(), RunError> {
+        while let Some(Reverse((_, i))) = self.ready.pop() {
+            if self.settled[i] {
                 continue;
             }
+            let c = self.c.clone();
             let inst = &c.instances[i];
-            if let Some(why) = upstream_failed[i].clone() {
-                record.instances[i].status = InstanceStatus::Skipped;
-                record.instances[i].reason = Some(why.clone());
-                rep.emit(Event::Skipped { instance: inst.name.clone(), reason: why.clone() });
-                settle!(i, Some(format!("upstream `{}` did not finish", inst.name)));
+            if let Some(why) = self.upstream_failed[i].clone() {
+                self.mark(i, InstanceStatus::Skipped, Some(why.clone()));
+                self.emit(Event::Skipped { instance: inst.name.clone(), reason: why });
+                self.settle(i, Some(format!("upstream `{}` did not finish", inst.name)));
                 continue;
             }
             if let Some((l, k)) = inst.iteration {
-                if loop_exit[l].is_some_and(|e| k > e) {
-                    let why = format!("loop `{}` stopped at iteration {}", c.loops[l].name, loop_exit[l].unwrap());
-                    record.instances[i].status = InstanceStatus::Skipped;
-                    record.instances[i].reason = Some(why.clone());
-                    rep.emit(Event::Skipped { instance: inst.name.clone(), reason: why });
-                    settle!(i, None);
+                if let Some(exit) = self.loop_exit[l].filter(|&e| k > e) {
+                    let why = format!("loop `{}` stopped at iteration {exit}", c.loops[l].name);
+                    self.mark(i, InstanceStatus::Skipped, Some(why.clone()));
+                    self.emit(Event::Skipped { instance: inst.name.clone(), reason: why });
+                    self.settle(i, None);
                     continue;
                 }
             }
-            decide_loops(&c, &manifests, &mut loop_exit, i);
-            let Some(parts) = c.fp_parts(i, |j| fps[j].clone(), |l| loop_exit[l]) else {
+            self.decide_loops(i);
+            let Some(parts) = c.fp_parts(i, |j| self.fps[j].clone(), |l| self.loop_exit[l]) else {
                 let why = "its inputs could not be resolved".to_string();
-                record.instances[i].status = InstanceStatus::Failed;
-                record.instances[i].reason = Some(why.clone());
-                rep.emit(Event::Failed { instance: inst.name.clone(), error: why.clone() });
-                settle!(i, Some(why));
+                self.mark(i, InstanceStatus::Failed, Some(why.clone()));
+                self.emit(Event::Failed { instance: inst.name.clone(), error: why.clone() });
+                self.settle(i, Some(why));
                 continue;
             };
             let fp = parts.fingerprint();
-            fps[i] = Some(fp.clone());
-            record.instances[i].fingerprint = Some(fp.clone());
-            if !forced[i] {
-                if let Some(m) = store.get_json::<Manifest>(&manifest_key(&fp)).await? {
-                    record.instances[i].status = InstanceStatus::Cached;
-                    record.instances[i].metrics = m.metrics.clone();
-                    rep.emit(Event::Cached { instance: inst.name.clone(), fingerprint: fp });
-                    manifests[i] = Some(m);
-                    on_loop_progress(&c, &manifests, &mut loop_exit, i);
-                    settle!(i, None);
+            self.fps[i] = Some(fp.clone());
+            self.record.instances[i].fingerprint = Some(fp.clone());
+            if !self.forced[i] {
+                if let Some(m) = self.cache_hit(i, &fp).await? {
+                    self.mark(i, InstanceStatus::Cached, None);
+                    self.record.instances[i].metrics = m.metrics.clone();
+                    self.emit(Event::Cached { instance: inst.name.clone(), fingerprint: fp });
+                    self.manifests[i] = Some(m);
+                    self.on_loop_progress(i);
+                    self.settle(i, None);
                     continue;
                 }
             }
-            if !selected[i] || cancelled {
-                let why = if cancelled { "run cancelled".to_string() } else { "not done, and not selected by --only/--from".to_string() };
-                record.instances[i].status = if cancelled { InstanceStatus::Cancelled } else { InstanceStatus::Failed };
-                record.instances[i].reason = Some(why.clone());
-                if !cancelled {
-                    rep.emit(Event::Failed { instance: inst.name.clone(), error: why.clone() });
+            if !self.selected[i] || self.cancelled {
+                let why = if self.cancelled { "run cancelled" } else { "not done, and not selected by --only/--from" }.to_string();
+                if self.cancelled {
+                    self.mark(i, InstanceStatus::Cancelled, Some(why.clone()));
+                } else {
+                    self.mark(i, InstanceStatus::Failed, Some(why.clone()));
+                    self.emit(Event::Failed { instance: inst.name.clone(), error: why.clone() });
                 }
-                settle!(i, Some(why));
+                self.settle(i, Some(why));
                 continue;
             }
-            let need_cpu = inst.resources.cpu.unwrap_or(1).min(opts.jobs.max(1) as u32);
+            let need_cpu = inst.resources.cpu.unwrap_or(1).min(self.opts.jobs.max(1) as u32);
             let need_gpu = inst.resources.gpu;
-            if need_cpu > cpu_free || need_gpu > gpu_free {
-                deferred.push(i);
+            if need_cpu > self.cpu_free || need_gpu > self.gpu_free {
+                self.deferred.push(i);
                 continue;
             }
-            let inputs = exec::input_artifacts(&c, i, |l| loop_exit[l], |j| manifests[j].clone()).expect("inputs are settled");
-            cpu_free -= need_cpu;
-            gpu_free -= need_gpu;
-            running_needs.insert(i, (need_cpu, need_gpu));
-            record.instances[i].started_at = Some(now_secs());
-            let job = Job { instance: i, parts, fingerprint: fp, inputs };
-            let fut = executor.execute(c.clone(), job);
-            running.spawn(async move { Outcome::Finished(i, fut.await) });
+            self.launch(i, parts, fp, need_cpu, need_gpu);
         }
-        if running.is_empty() {
-            break;
-        }
-        let outcome = tokio::select! {
-            r = running.join_next() => r,
-            _ = &mut ctrl_c, if !cancelled => {
-                cancelled = true;
-                running.abort_all();
-                None
-            }
+        Ok(())
+    }
+
+    fn launch(&mut self, i: usize, parts: FpParts, fingerprint: String, need_cpu: u32, need_gpu: u32) {
+        let inputs =
+            crate::exec::input_artifacts(&self.c, i, |l| self.loop_exit[l], |j| self.manifests[j].clone()).expect("inputs are settled");
+        self.cpu_free -= need_cpu;
+        self.gpu_free -= need_gpu;
+        self.running_needs.insert(i, (need_cpu, need_gpu));
+        self.record.instances[i].started_at = Some(now_secs());
+        let job = Job {
+            instance: i,
+            parts,
+            fingerprint,
+            inputs,
+            run_id: self.record.run_id.clone(),
+            forced_at: self.forced[i].then_some(self.forced_at),
         };
-        match outcome {
-            Some(Ok(Outcome::Finished(i, result))) => {
-                let (cpu, gpu) = running_needs.remove(&i).unwrap();
-                cpu_free += cpu;
-                gpu_free += gpu;
-                let inst = &c.instances[i];
-                let r = &mut record.instances[i];
-                r.finished_at = Some(now_secs());
-                match result {
-                    Ok(m) => {
-                        r.status = InstanceStatus::Done;
-                        r.attempts = m.attempts;
-                        r.metrics = m.metrics.clone();
-                        r.started_at = Some(m.started_at);
-                        r.finished_at = Some(m.finished_at);
-                        rep.emit(Event::Finished {
-                            instance: inst.name.clone(),
-                            fingerprint: m.fingerprint.clone(),
-                            seconds: m.finished_at - m.started_at,
-                        });
-                        manifests[i] = Some(m);
-                        on_loop_progress(&c, &manifests, &mut loop_exit, i);
-                        settle!(i, None);
-                    }
-                    Err(e) => {
-                        r.status = InstanceStatus::Failed;
-                        r.reason = Some(e.clone());
-                        rep.emit(Event::Failed { instance: inst.name.clone(), error: e });
-                        settle!(i, Some(format!("upstream `{}` failed", inst.name)));
-                    }
-                }
-                // Resources freed: deferred instances may start now.
-                for d in deferred.drain(..) {
-                    ready.push(Reverse((position[d], d)));
-                }
+        let fut = self.executor.execute(self.c.clone(), job);
+        self.running.spawn(async move { (i, fut.await) });
+    }
+
+    fn on_finished(&mut self, i: usize, result: Result<Finished, String>) {
+        let (cpu, gpu) = self.running_needs.remove(&i).expect("a running instance has its resources");
+        self.cpu_free += cpu;
+        self.gpu_free += gpu;
+        let name = self.c.instances[i].name.clone();
+        self.record.instances[i].finished_at = Some(now_secs());
+        match result {
+            Ok(Finished { manifest: m, reused }) => {
+                let r = &mut self.record.instances[i];
+                r.status = if reused { InstanceStatus::Cached } else { InstanceStatus::Done };
+                r.attempts = if reused { 0 } else { m.attempts };
+                r.metrics = m.metrics.clone();
+                r.started_at = Some(m.started_at);
+                r.finished_at = Some(m.finished_at);
+                self.emit(if reused {
+                    Event::Cached { instance: name, fingerprint: m.fingerprint.clone() }
+                } else {
+                    Event::Finished { instance: name, fingerprint: m.fingerprint.clone(), seconds: m.finished_at - m.started_at }
+                });
+                self.manifests[i] = Some(m);
+                self.on_loop_progress(i);
+                self.settle(i, None);
             }
-            Some(Err(join_err)) if join_err.is_cancelled() => {}
-            Some(Err(join_err)) => return Err(RunError::Usage(format!("a stage task panicked: {join_err}"))),
-            None => {
-                // Cancelled: everything still running is marked, the rest is settled as cancelled.
-                for (&i, _) in running_needs.iter() {
-                    record.instances[i].status = InstanceStatus::Cancelled;
-                    record.instances[i].reason = Some("run cancelled (Ctrl-C)".into());
-                }
-                running_needs.clear();
-                while running.join_next().await.is_some() {}
-                break;
+            Err(e) => {
+                self.mark(i, InstanceStatus::Failed, Some(e.clone()));
+                self.emit(Event::Failed { instance: name.clone(), error: e });
+                self.settle(i, Some(format!("upstream `{name}` failed")));
             }
         }
+        // Resources freed: deferred instances may start now.
+        for d in std::mem::take(&mut self.deferred) {
+            self.ready.push(Reverse((self.position[d], d)));
+        }
     }
-    for r in record.instances.iter_mut().filter(|r| r.status == InstanceStatus::Pending) {
-        r.status = if cancelled { InstanceStatus::Cancelled } else { InstanceStatus::Skipped };
-    }
-    let count = |s: InstanceStatus| record.instances.iter().filter(|r| r.status == s).count();
-    let (done, cached, failed, skipped) =
-        (count(InstanceStatus::Done), count(InstanceStatus::Cached), count(InstanceStatus::Failed), count(InstanceStatus::Skipped));
-    record.status = if cancelled {
-        "cancelled"
-    } else if failed > 0 {
-        "failed"
-    } else {
-        "succeeded"
-    }
-    .into();
-    record.finished_at = Some(now_secs());
-    store.put_json(&record.key(), &record).await?;
-    store.put_json(&format!("runs/{}/latest.json", c.name), &record).await?;
-    rep.emit(Event::RunFinished {
-        run_id: record.run_id.clone(),
-        status: record.status.clone(),
-        done,
-        cached,
-        failed,
-        skipped,
-        seconds: t0.elapsed().as_secs_f64(),
-    });
-    Ok(record)
-}
 
-/// Before fingerprinting `i`, decide any loop whose final value it reads.
-fn decide_loops(c: &Compiled, manifests: &[Option<Manifest>], loop_exit: &mut [Option<u32>], i: usize) {
-    for (_, sources) in &c.instances[i].inputs {
-        for s in sources {
-            if let Source::LoopExit { loop_idx, .. } = s {
-                if loop_exit[*loop_idx].is_none() {
-                    loop_exit[*loop_idx] = c.loops[*loop_idx].exit_iteration(metric_reader(c, manifests, *loop_idx));
+    async fn drive(&mut self) -> Result<(), RunError> {
+        let handle_ctrl_c = self.opts.handle_ctrl_c;
+        let mut ctrl_c = Box::pin(async move {
+            if handle_ctrl_c {
+                let _ = tokio::signal::ctrl_c().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        });
+        let mut heartbeat = tokio::time::interval(Duration::from_secs_f64(run_record::HEARTBEAT_EVERY_S));
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            self.launch_ready().await?;
+            if self.running.is_empty() {
+                return Ok(());
+            }
+            tokio::select! {
+                r = self.running.join_next() => match r {
+                    Some(Ok((i, result))) => self.on_finished(i, result),
+                    Some(Err(e)) if e.is_cancelled() => {}
+                    // Stages run inside the executor's own panic guard; this is the scheduler's
+                    // last line: a panic here is a bug, reported without losing the record.
+                    Some(Err(e)) => self.emit(Event::Warning { message: format!("an executor task panicked: {e}") }),
+                    None => {}
+                },
+                _ = &mut ctrl_c, if !self.cancelled => {
+                    self.cancelled = true;
+                    self.running.abort_all();
+                    for (&i, _) in self.running_needs.clone().iter() {
+                        self.mark(i, InstanceStatus::Cancelled, Some("run cancelled (Ctrl-C)".into()));
+                    }
+                    self.running_needs.clear();
+                    while self.running.join_next().await.is_some() {}
+                    return Ok(());
+                }
+                _ = heartbeat.tick() => {
+                    if now_secs() - self.last_heartbeat >= run_record::HEARTBEAT_EVERY_S {
+                        self.save_record().await;
+                    }
                 }
             }
         }
     }
-}
 
-/// After `i` finished: if it carries a loop's stop metric, the loop may now be decided.
-fn on_loop_progress(c: &Compiled, manifests: &[Option<Manifest>], loop_exit: &mut [Option<u32>], i: usize) {
-    if let Some((l, _)) = c.instances[i].iteration {
-        if loop_exit[l].is_none() && c.loops[l].stop.as_ref().is_some_and(|s| s.stage == c.instances[i].stage) {
-            loop_exit[l] = c.loops[l].exit_iteration(metric_reader(c, manifests, l));
+    async fn finish(mut self) -> RunRecord {
+        let cancelled = self.cancelled;
+        for r in self.record.instances.iter_mut().filter(|r| r.status == InstanceStatus::Pending) {
+            r.status = if cancelled { InstanceStatus::Cancelled } else { InstanceStatus::Skipped };
+        }
+        let count = |s: InstanceStatus| self.record.instances.iter().filter(|r| r.status == s).count();
+        let (done, cached, failed, skipped) =
+            (count(InstanceStatus::Done), count(InstanceStatus::Cached), count(InstanceStatus::Failed), count(InstanceStatus::Skipped));
+        self.record.status = if cancelled {
+            RunStatus::Cancelled
+        } else if failed > 0 {
+            RunStatus::Failed
+        } else {
+            RunStatus::Succeeded
+        };
+        self.record.finished_at = Some(now_secs());
+        self.save_record().await;
+        if let Err(e) = self.store.put_json(&format!("runs/{}/latest.json", self.c.name), &self.record).await {
+            self.emit(Event::Warning { message: format!("cannot write the run record: {e}") });
+        }
+        let _ = self.store.delete(&run_record::active_key(&self.c.name, &self.record.run_id)).await;
+        self.emit(Event::RunFinished {
+            run_id: self.record.run_id.clone(),
+            status: self.record.status.as_str().to_string(),
+            done,
+            cached,
+            failed,
+            skipped,
+            seconds: self.t0.elapsed().as_secs_f64(),
+        });
+        self.record
+    }
+
+    /// Before fingerprinting `i`, decide any loop whose final value it reads.
+    fn decide_loops(&mut self, i: usize) {
+        for (_, sources) in &self.c.instances[i].inputs {
+            for s in sources {
+                if let Source::LoopExit { loop_idx, .. } = s {
+                    if self.loop_exit[*loop_idx].is_none() {
+                        self.loop_exit[*loop_idx] =
+                            self.c.loops[*loop_idx].exit_iteration(metric_reader(&self.c, &self.manifests, *loop_idx));
+                    }
+                }
+            }
+        }
+    }
+
+    /// After `i` finished: if it carries a loop's stop metric, the loop may now be decided.
+    fn on_loop_progress(&mut self, i: usize) {
+        if let Some((l, _)) = self.c.instances[i].iteration {
+            if self.loop_exit[l].is_none() && self.c.loops[l].stop.as_ref().is_some_and(|s| s.stage == self.c.instances[i].stage) {
+                self.loop_exit[l] = self.c.loops[l].exit_iteration(metric_reader(&self.c, &self.manifests, l));
+            }
         }
     }
 }

@@ -4,7 +4,8 @@
 use crate::compile::{Compiled, Source};
 use crate::exec::{IndexEntry, index_key};
 use crate::fingerprint::FpParts;
-use crate::store::{Manifest, Store, StoreResult, manifest_key};
+use crate::manifest::{self, Manifest};
+use crate::store::{Store, StoreResult};
 
 pub struct Snapshot {
     pub parts: Vec<Option<FpParts>>,
@@ -47,7 +48,8 @@ pub async fn snapshot(c: &Compiled, store: &Store) -> StoreResult<Snapshot> {
         let parts = c.fp_parts(i, |j| s.fps[j].clone(), |l| s.loop_exit[l]);
         if let Some(p) = parts {
             let fp = p.fingerprint();
-            s.manifests[i] = store.get_json::<Manifest>(&manifest_key(&fp)).await?;
+            // A damaged manifest counts as not done (the next run sets it aside and recomputes).
+            s.manifests[i] = manifest::read(store, &fp).await?.done();
             s.fps[i] = Some(fp);
             s.parts[i] = Some(p);
         }

@@ -1,7 +1,6 @@
 //! The artifact store: one object-store prefix holding every stage's outputs, manifests,
 //! run records and the status index. Local directory by default; memory, S3, GCS and Azure by URL.
 
-use std::collections::BTreeMap;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 
@@ -13,16 +12,55 @@ use serde::{Deserialize, Serialize};
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// Errors carry their cause as text, once: object_store's errors repeat their source's message
+/// at every level of the chain ("… (os error 13): … (os error 13)").
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("store `{url}`: {message}")]
     Open { url: String, message: String },
-    #[error("store object `{key}`: {source}")]
-    Object { key: String, source: object_store::Error },
-    #[error("store object `{key}` is not valid JSON: {source}")]
-    Json { key: String, source: serde_json::Error },
-    #[error("reading local file {path}: {source}")]
-    Local { path: String, source: std::io::Error },
+    #[error("store object `{key}` does not exist")]
+    NotFound { key: String },
+    #[error("store object `{key}`: {message}")]
+    Object { key: String, message: String },
+    #[error("store object `{key}` is not valid JSON: {message}")]
+    Json { key: String, message: String },
+}
+
+impl StoreError {
+    fn object(key: &str, e: object_store::Error) -> StoreError {
+        match e {
+            object_store::Error::NotFound { .. } => StoreError::NotFound { key: key.to_string() },
+            e => StoreError::Object { key: key.to_string(), message: chain_text(&e) },
+        }
+    }
+    fn io(key: &str, path: &FsPath, e: std::io::Error) -> StoreError {
+        match e.kind() {
+            std::io::ErrorKind::NotFound => StoreError::NotFound { key: key.to_string() },
+            _ => StoreError::Object { key: key.to_string(), message: format!("{}: {e}", path.display()) },
+        }
+    }
+}
+
+/// An error and its sources as one line, each message once (an outer message that already
+/// contains an inner one is enough).
+pub fn chain_text(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        let m = inner.to_string();
+        if !out.contains(&m) {
+            out.push_str(": ");
+            out.push_str(&m);
+        }
+        cur = inner.source();
+    }
+    out
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    ReadWrite,
+    ReadOnly,
 }
 
 /// A handle to the store; cheap to clone and shared by every stage of a run.
@@ -42,9 +80,20 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Open a store from a URL or a path; relative paths are taken from `base_dir`.
-    /// Cloud credentials come from the usual environment variables (AWS_*, GOOGLE_*, AZURE_*).
+    /// Open a store from a URL or a path; relative paths are taken from `base_dir`. A local
+    /// directory is created if missing. Cloud credentials come from the usual environment
+    /// variables (AWS_*, GOOGLE_*, AZURE_*).
     pub fn open(url: &str, base_dir: &FsPath) -> StoreResult<Store> {
+        Self::open_with(url, base_dir, Access::ReadWrite)
+    }
+
+    /// Open a store only to read it (`status`, `plan`, `report`, `verify`): a local directory that
+    /// does not exist is an empty store and is not created.
+    pub fn open_read_only(url: &str, base_dir: &FsPath) -> StoreResult<Store> {
+        Self::open_with(url, base_dir, Access::ReadOnly)
+    }
+
+    fn open_with(url: &str, base_dir: &FsPath, access: Access) -> StoreResult<Store> {
         let err = |m: String| StoreError::Open { url: url.to_string(), message: m };
         let scheme = url.split_once("://").map(|(s, _)| s);
         match scheme {
@@ -61,22 +110,26 @@ impl Store {
             Some("file") => {
                 let parsed = url::Url::parse(url).map_err(|e| err(e.to_string()))?;
                 let path = parsed.to_file_path().map_err(|_| err("not a local file path".into()))?;
-                Self::open_local(url, &path)
+                Self::open_local(url, &path, access)
             }
             Some(other) => {
                 Err(err(format!("unknown store scheme `{other}://`; use a local path, file://, memory://, s3://, gs:// or az://")))
             }
             None => {
                 let path = if FsPath::new(url).is_absolute() { PathBuf::from(url) } else { base_dir.join(url) };
-                Self::open_local(url, &path)
+                Self::open_local(url, &path, access)
             }
         }
     }
 
-    fn open_local(url: &str, path: &FsPath) -> StoreResult<Store> {
-        std::fs::create_dir_all(path)
-            .map_err(|e| StoreError::Open { url: url.to_string(), message: format!("cannot create directory {}: {e}", path.display()) })?;
-        let root = path.canonicalize().map_err(|e| StoreError::Local { path: path.display().to_string(), source: e })?;
+    fn open_local(url: &str, path: &FsPath, access: Access) -> StoreResult<Store> {
+        let err = |m: String| StoreError::Open { url: url.to_string(), message: m };
+        if access == Access::ReadOnly && !path.exists() {
+            let inner = Arc::new(object_store::memory::InMemory::new());
+            return Ok(Store { inner, prefix: Path::default(), url: url.to_string(), local_root: None });
+        }
+        std::fs::create_dir_all(path).map_err(|e| err(format!("cannot create directory {}: {e}", path.display())))?;
+        let root = path.canonicalize().map_err(|e| err(format!("{}: {e}", path.display())))?;
         let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
             .map_err(|e| StoreError::Open { url: url.to_string(), message: e.to_string() })?;
         Ok(Store { inner: Arc::new(fs), prefix: Path::default(), url: url.to_string(), local_root: Some(root) })
@@ -108,34 +161,23 @@ impl Store {
 
     /// Write an object. Local and cloud stores make the object visible whole or not at all.
     pub async fn put(&self, key: &str, bytes: Bytes) -> StoreResult<()> {
-        self.inner
-            .put(&self.path(key), PutPayload::from_bytes(bytes))
-            .await
-            .map(|_| ())
-            .map_err(|e| StoreError::Object { key: key.to_string(), source: e })
+        self.inner.put(&self.path(key), PutPayload::from_bytes(bytes)).await.map(|_| ()).map_err(|e| StoreError::object(key, e))
     }
 
     pub async fn get(&self, key: &str) -> StoreResult<Bytes> {
         // A local store is read directly: object_store hops to a blocking thread per read, which
         // dominates a fully cached run of many small stages.
         if let Some(path) = self.local_path(key) {
-            return match std::fs::read(&path) {
-                Ok(b) => Ok(Bytes::from(b)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::Object {
-                    key: key.to_string(),
-                    source: object_store::Error::NotFound { path: path.display().to_string(), source: Box::new(e) },
-                }),
-                Err(e) => Err(StoreError::Local { path: path.display().to_string(), source: e }),
-            };
+            return std::fs::read(&path).map(Bytes::from).map_err(|e| StoreError::io(key, &path, e));
         }
-        let map = |e| StoreError::Object { key: key.to_string(), source: e };
+        let map = |e| StoreError::object(key, e);
         self.inner.get(&self.path(key)).await.map_err(map)?.bytes().await.map_err(map)
     }
 
     pub async fn get_opt(&self, key: &str) -> StoreResult<Option<Bytes>> {
         match self.get(key).await {
             Ok(b) => Ok(Some(b)),
-            Err(StoreError::Object { source: object_store::Error::NotFound { .. }, .. }) => Ok(None),
+            Err(StoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -144,15 +186,14 @@ impl Store {
         match self.inner.head(&self.path(key)).await {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(StoreError::Object { key: key.to_string(), source: e }),
+            Err(e) => Err(StoreError::object(key, e)),
         }
     }
 
     /// Every object under `prefix` (recursively), as (key relative to the store, size).
     pub async fn list(&self, prefix: &str) -> StoreResult<Vec<(String, u64)>> {
         let p = self.path(prefix);
-        let metas: Vec<_> =
-            self.inner.list(Some(&p)).try_collect().await.map_err(|e| StoreError::Object { key: prefix.to_string(), source: e })?;
+        let metas: Vec<_> = self.inner.list(Some(&p)).try_collect().await.map_err(|e| StoreError::object(prefix, e))?;
         let mut out: Vec<(String, u64)> = metas.iter().map(|m| (self.strip(&m.location), m.size)).collect();
         out.sort();
         Ok(out)
@@ -161,7 +202,7 @@ impl Store {
     pub async fn get_json<T: for<'de> Deserialize<'de>>(&self, key: &str) -> StoreResult<Option<T>> {
         match self.get_opt(key).await? {
             None => Ok(None),
-            Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| StoreError::Json { key: key.to_string(), source: e }),
+            Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| StoreError::Json { key: key.to_string(), message: e.to_string() }),
         }
     }
 
@@ -170,11 +211,29 @@ impl Store {
         self.put(key, Bytes::from(bytes)).await
     }
 
+    pub async fn delete(&self, key: &str) -> StoreResult<()> {
+        match self.inner.delete(&self.path(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(StoreError::object(key, e)),
+        }
+    }
+
     pub async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
         for (key, _) in self.list(prefix).await? {
-            self.inner.delete(&self.path(&key)).await.map_err(|e| StoreError::Object { key: key.clone(), source: e })?;
+            self.delete(&key).await?;
         }
         Ok(())
+    }
+
+    /// Write an object only if none exists under `key` (`If-None-Match: *` on S3, a hard link
+    /// locally): `true` if this call created it, `false` if another writer was first.
+    pub async fn put_if_absent(&self, key: &str, bytes: Bytes) -> StoreResult<bool> {
+        let opts = object_store::PutOptions { mode: object_store::PutMode::Create, ..Default::default() };
+        match self.inner.put_opts(&self.path(key), PutPayload::from_bytes(bytes), opts).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(StoreError::object(key, e)),
+        }
     }
 }
 
@@ -201,40 +260,5 @@ pub fn open_cloud(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), String> {
     Ok((store, path))
 }
 
-/// Where the artifacts of the stage instance with fingerprint `fp` live.
-pub fn object_dir(fp: &str) -> String {
-    format!("objects/{}/{}", &fp[..2], fp)
-}
-
-pub fn manifest_key(fp: &str) -> String {
-    format!("{}/MANIFEST.json", object_dir(fp))
-}
-
-pub fn output_prefix(fp: &str, output: &str) -> String {
-    format!("{}/out/{}", object_dir(fp), output)
-}
-
-/// One file of an output.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct FileEntry {
-    /// Path relative to the output's directory.
-    pub path: String,
-    pub size: u64,
-    pub blake3: String,
-}
-
-/// Written last, after every output file: its presence is what "done" means.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Manifest {
-    pub fingerprint: String,
-    pub kind: String,
-    pub kind_version: u32,
-    pub instance: String,
-    pub pipeline: String,
-    pub outputs: BTreeMap<String, Vec<FileEntry>>,
-    #[serde(default)]
-    pub metrics: BTreeMap<String, f64>,
-    pub started_at: f64,
-    pub finished_at: f64,
-    pub attempts: u32,
-}
+pub use crate::layout::{manifest_key, object_dir};
+pub use crate::manifest::{FileEntry, Manifest};

@@ -2,8 +2,7 @@
 
 use std::sync::Arc;
 
-use rao_pipeline::scheduler::InstanceStatus;
-use rao_pipeline::{InProcess, Registry, Reporter, RunOptions, RunRecord, Store, compile_str};
+use rao_pipeline::{InProcess, InstanceStatus, Registry, Reporter, RunOptions, RunRecord, RunStatus, Store, compile_str};
 
 fn compile(text: &str, dir: &std::path::Path) -> Result<rao_pipeline::Compiled, rao_pipeline::Diagnostics> {
     compile_str("p.yaml", text, dir, &[], &Registry::with_builtins())
@@ -22,6 +21,12 @@ async fn run_with(text: &str, dir: &std::path::Path, store: &Store, overrides: &
     let c = compile_str("p.yaml", text, dir, overrides, &registry).unwrap_or_else(|d| panic!("{d}"));
     let exec = Arc::new(InProcess { registry: Arc::new(registry), store: store.clone(), reporter: Reporter::silent() });
     rao_pipeline::run(Arc::new(c), exec, store, RunOptions { jobs, ..Default::default() }).await.unwrap()
+}
+
+/// The bytes of one file of a finished instance's output, found through its manifest.
+async fn output_file(store: &Store, fp: &str, output: &str, file: &str) -> bytes::Bytes {
+    let m = rao_pipeline::manifest::read(store, fp).await.unwrap().done().expect("a finished manifest");
+    store.get(&m.file_key(output, file)).await.unwrap()
 }
 
 fn status_of<'a>(r: &'a RunRecord, name: &str) -> &'a InstanceStatus {
@@ -165,7 +170,7 @@ stages:
     // The final artifact really changed: 5 lines counted, then "hi".
     let d = r3.instances.iter().find(|i| i.name == "d").unwrap();
     let fp = d.fingerprint.as_ref().unwrap();
-    let bytes = store.get(&format!("{}/f", rao_pipeline::store::output_prefix(fp, "o"))).await.unwrap();
+    let bytes = output_file(&store, fp, "o", "f").await;
     assert_eq!(String::from_utf8_lossy(&bytes), "5\nhi\n");
     assert_eq!(r3.overrides, vec!["params.n=5".to_string()]);
 }
@@ -207,7 +212,7 @@ stages:
   other2: {kind: noop, inputs: {}}
 ";
     let r = run_with(text, dir.path(), &store, &[], 2).await;
-    assert_eq!(r.status, "failed");
+    assert_eq!(r.status, RunStatus::Failed);
     assert_eq!(status_of(&r, "bad"), &InstanceStatus::Failed);
     assert_eq!(status_of(&r, "after"), &InstanceStatus::Skipped);
     assert_eq!(status_of(&r, "other"), &InstanceStatus::Done);
@@ -259,7 +264,7 @@ stages:
     let c = Arc::new(compile_str("p.yaml", text, dir.path(), &[], &registry).unwrap_or_else(|d| panic!("{d}")));
     let exec = Arc::new(InProcess { registry: Arc::new(registry.clone()), store: store.clone(), reporter: Reporter::silent() });
     let r = rao_pipeline::run(c.clone(), exec.clone(), &store, RunOptions::default()).await.unwrap();
-    assert_eq!(r.status, "succeeded");
+    assert_eq!(r.status, RunStatus::Succeeded);
     for k in 1..=3 {
         assert_eq!(status_of(&r, &format!("step@{k}")), &InstanceStatus::Done);
     }
@@ -267,7 +272,7 @@ stages:
         assert_eq!(status_of(&r, &format!("step@{k}")), &InstanceStatus::Skipped);
     }
     let fin = r.instances.iter().find(|i| i.name == "final").unwrap();
-    let bytes = store.get(&format!("{}/n", rao_pipeline::store::output_prefix(fin.fingerprint.as_ref().unwrap(), "o"))).await.unwrap();
+    let bytes = output_file(&store, fin.fingerprint.as_ref().unwrap(), "o", "n").await;
     assert_eq!(String::from_utf8_lossy(&bytes).lines().count(), 4);
     // The same decision is made from the store alone.
     let rows = rao_pipeline::plan::rows(&c, &store).await.unwrap();
@@ -390,7 +395,7 @@ stages:
     let r3 = run_with(text, dir.path(), &store, &[], 2).await;
     assert_eq!((status_of(&r3, "data"), status_of(&r3, "use")), (&InstanceStatus::Done, &InstanceStatus::Done));
     let fp = r3.instances.iter().find(|i| i.name == "use").unwrap().fingerprint.clone().unwrap();
-    let bytes = store.get(&format!("{}/f", rao_pipeline::store::output_prefix(&fp, "o"))).await.unwrap();
+    let bytes = output_file(&store, &fp, "o", "f").await;
     assert_eq!(String::from_utf8_lossy(&bytes), "two\nx\n");
 
     // A dataset that is not there is an error at its stage's line, before anything runs.

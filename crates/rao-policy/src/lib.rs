@@ -3,10 +3,12 @@
 //! and deterministic checkpoints. The only crate that depends on Burn.
 
 pub mod kernels;
+mod machine;
 pub mod model;
 pub mod params;
 pub mod policy;
 
+pub use machine::machine_profile;
 pub use model::{ModelConfig, Transformer};
 pub use policy::{Backend, Checkpoint, Loss, Policy, SampleRequest, Sequence, StepMetrics};
 

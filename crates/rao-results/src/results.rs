@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Context;
 use rao_pipeline::plan::State;
-use rao_pipeline::store::{Manifest, manifest_key, output_prefix};
+use rao_pipeline::manifest::{self, Manifest};
 use rao_pipeline::{Compiled, Store};
 use rao_stages::evaluate::EvalRow;
 use serde::Serialize;
@@ -110,11 +110,11 @@ impl RunResults {
     pub async fn load(c: &Compiled, store: &Store, run: Option<&str>) -> anyhow::Result<Self> {
         let (named, missing, record) = match run {
             Some(id) => {
-                let key = format!("runs/{}/{id}.json", c.name);
-                let record: Value = store
-                    .get_json(&key)
-                    .await?
-                    .with_context(|| format!("no run record `{key}` in {}: run the pipeline first", store.url()))?;
+                // Checked first: a run id is one name, never a path out of `runs/`.
+                let checked = rao_pipeline::run_record::read(store, &c.name, id).await?;
+                let record: Value = checked
+                    .map(|r| serde_json::to_value(r).expect("a run record serialises"))
+                    .with_context(|| format!("no run `{id}` of `{}` in {}: run the pipeline first", c.name, store.url()))?;
                 let (named, missing) = instances_of_record(&record);
                 (named, missing, Some(record))
             }
@@ -138,7 +138,7 @@ impl RunResults {
         };
         let mut instances = Vec::new();
         for (name, stage, kind, fp) in named {
-            if let Some(manifest) = store.get_json::<Manifest>(&manifest_key(&fp)).await? {
+            if let Some(manifest) = manifest::read(store, &fp).await?.done() {
                 instances.push(Instance { name, stage, kind, manifest });
             }
         }
@@ -178,7 +178,10 @@ pub async fn evaluations(c: &Compiled, store: &Store) -> anyhow::Result<(Vec<(St
     let mut missing = Vec::new();
     for r in rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.kind == "evaluate") {
         let rows = match (&r.state, &r.fingerprint) {
-            (State::Done, Some(fp)) => store.get_json::<Vec<EvalRow>>(&format!("{}/summary.json", output_prefix(fp, "report"))).await?,
+            (State::Done, Some(fp)) => match manifest::read(store, fp).await?.done() {
+                Some(m) => store.get_json::<Vec<EvalRow>>(&format!("{}/summary.json", m.output_prefix("report"))).await?,
+                None => None,
+            },
             _ => None,
         };
         match rows {
@@ -246,7 +249,7 @@ async fn producing_run(store: &Store, pipeline: &str, evaluations: &BTreeSet<Str
 }
 
 async fn load_evaluation(store: &Store, i: &Instance) -> anyhow::Result<Evaluation> {
-    let prefix = output_prefix(&i.manifest.fingerprint, "report");
+    let prefix = i.manifest.output_prefix("report");
     let rows: Vec<EvalRow> = store.get_json(&format!("{prefix}/summary.json")).await?.unwrap_or_default();
     let mut depths: BTreeMap<String, BTreeMap<i32, usize>> = BTreeMap::new();
     if let Some(bytes) = store.get_opt(&format!("{prefix}/trees.parquet")).await? {

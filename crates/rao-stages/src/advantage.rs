@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use crate::training::{read_trees, write_trees};
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdvantageParams {
     /// Delegation bonus λ.
@@ -30,6 +30,9 @@ fn yes() -> bool {
 pub struct Advantage;
 
 impl TypedStage for Advantage {
+    fn code() -> &'static str {
+        crate::code::of("advantage")
+    }
     type Params = AdvantageParams;
     const NAME: &'static str = "advantage";
     const VERSION: u32 = 1;

@@ -20,7 +20,7 @@ use crate::rollout::{
 use crate::training::write_trees;
 use crate::update::HISTORY_FILE;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EvaluateParams {
     #[serde(default = "checkpoint")]
@@ -125,6 +125,12 @@ pub fn summarize(label: &str, mode: &str, band: &str, trees: &[&Vec<NodeRecord>]
 pub struct Evaluate;
 
 impl TypedStage for Evaluate {
+    fn code() -> &'static str {
+        crate::code::of("evaluate")
+    }
+    fn machine_profile(p: &Self::Params) -> String {
+        rao_policy::machine_profile(p.backend)
+    }
     type Params = EvaluateParams;
     const NAME: &'static str = "evaluate";
     // 2: mean root score column; any environment; 3: fused projections; 4: expert recovery; 5: fused CPU kernels;

@@ -13,7 +13,7 @@ use crate::envs::{self, TaskSet};
 use crate::llm_judge::{LlmJudge, LlmJudgeParams};
 use crate::training::{read_trees, write_trees};
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(tag = "mode", rename_all = "snake_case", deny_unknown_fields)]
 pub enum JudgeParams {
     /// The environment's exact verifier for every node.
@@ -77,6 +77,9 @@ pub fn root_proxy(nodes: &mut [NodeRecord]) {
 pub struct Judge;
 
 impl TypedStage for Judge {
+    fn code() -> &'static str {
+        crate::code::of("judge")
+    }
     type Params = JudgeParams;
     const NAME: &'static str = "judge";
     const VERSION: u32 = 1;

@@ -4,6 +4,10 @@ use std::sync::Arc;
 
 use rao_pipeline::{Registry, Typed};
 
+/// Build-time code versions of the stage kinds (see build.rs).
+mod code {
+    include!(concat!(env!("OUT_DIR"), "/code_versions.rs"));
+}
 pub mod envs;
 pub mod inspect;
 pub mod rollout;

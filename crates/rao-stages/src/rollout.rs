@@ -14,7 +14,7 @@ use crate::envs::{self, ExpertSpec, TaskSet};
 
 pub const TREES_FILE: &str = "trees.parquet";
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq)]
+#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "lowercase")]
 pub enum PolicyKind {
     /// The scripted expert (with optional delegation and noise).
@@ -29,14 +29,14 @@ pub enum PolicyKind {
     PacedExpert,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq)]
+#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Recursive,
     Flat,
 }
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExpertParams {
     #[serde(default = "one")]
@@ -56,7 +56,7 @@ impl Default for ExpertParams {
 }
 
 /// Budgets shared by rollout-like stages.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitParams {
     #[serde(default = "default_window")]
@@ -119,7 +119,7 @@ impl LimitParams {
     }
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutParams {
     #[serde(default = "default_policy")]
@@ -149,7 +149,7 @@ pub struct RolloutParams {
     pub shard: Option<Shard>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Shard {
     pub index: usize,
@@ -236,6 +236,12 @@ pub fn tree_metrics(trees: &[Vec<NodeRecord>]) -> Vec<(&'static str, f64)> {
 pub struct Rollout;
 
 impl TypedStage for Rollout {
+    fn code() -> &'static str {
+        crate::code::of("rollout")
+    }
+    fn machine_profile(p: &Self::Params) -> String {
+        rao_policy::machine_profile(p.backend)
+    }
     type Params = RolloutParams;
     const NAME: &'static str = "rollout";
     const VERSION: u32 = 4; // 2: fused projections in the model (new float rounding); 3: expert recovery; 4: fused CPU kernels

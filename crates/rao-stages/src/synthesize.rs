@@ -11,7 +11,7 @@ use rao_envs::textcraft::{Task, World};
 
 use crate::tasks_io::{TASKS_FILE, WORLD_FILE, read_task_file, tasks_to_parquet};
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum WorldSpec {
     /// `small` (3 domains, tiers 0–7, compact) or `full` (5 domains, tiers 0–12).
@@ -19,14 +19,14 @@ pub enum WorldSpec {
     Config(SynthConfig),
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq)]
+#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "lowercase")]
 pub enum Split {
     Train,
     Validation,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SynthesizeParams {
     /// The synthetic world (ignored with `textcraft_dir`).
@@ -93,6 +93,9 @@ impl WorldSpec {
 pub struct Synthesize;
 
 impl TypedStage for Synthesize {
+    fn code() -> &'static str {
+        crate::code::of("synthesize")
+    }
     type Params = SynthesizeParams;
     const NAME: &'static str = "synthesize";
     const VERSION: u32 = 1;

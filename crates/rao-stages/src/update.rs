@@ -13,7 +13,7 @@ use crate::neural::{load_policy, write_checkpoint};
 use crate::rollout::tree_metrics;
 use crate::training::{node_sequence, read_trees, retry_rate};
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateParams {
     /// CISPO (reference: lo 0, hi 5), REINFORCE or PPO-clip.
@@ -63,6 +63,12 @@ pub const HISTORY_FILE: &str = "history.json";
 pub struct Update;
 
 impl TypedStage for Update {
+    fn code() -> &'static str {
+        crate::code::of("update")
+    }
+    fn machine_profile(p: &Self::Params) -> String {
+        rao_policy::machine_profile(p.backend)
+    }
     type Params = UpdateParams;
     const NAME: &'static str = "update";
     const VERSION: u32 = 4; // 2: Burn-record checkpoints; 3: fused projections (new float rounding); 4: fused CPU kernels

@@ -17,7 +17,7 @@ use crate::neural::{NeuralPolicy, write_checkpoint};
 use crate::rollout::{LimitParams, Mode, rollout_trees, tree_metrics};
 use crate::training::node_sequence;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DemoParams {
     /// Recursive demonstration trees per task.
@@ -49,7 +49,7 @@ impl Default for DemoParams {
     }
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GateParams {
     /// Node success the policy must reach on held-out shallow tasks.
@@ -70,7 +70,7 @@ impl Default for GateParams {
     }
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WarmstartParams {
     pub model: ModelConfig,
@@ -144,22 +144,88 @@ pub async fn gate_check(set: &dyn TaskSet, policy: Arc<Policy>, limits: &LimitPa
     (m["node_success"], m["root_success"])
 }
 
-/// One epoch of minibatches: shuffled, then grouped with sequences of similar length (less
-/// padding, same data), in shuffled batch order.
-pub fn length_bucketed(seqs: &mut [Sequence], batch: usize, rng: &mut Rng) -> Vec<Vec<Sequence>> {
-    rng.shuffle(seqs);
+/// One epoch of minibatches (as indices into the sequences): shuffled, then grouped with
+/// sequences of similar length (less padding, same data), in shuffled batch order.
+pub fn length_bucketed(order: &mut [usize], len: impl Fn(usize) -> usize, batch: usize, rng: &mut Rng) -> Vec<Vec<usize>> {
+    rng.shuffle(order);
     let mut batches = Vec::new();
-    for mega in seqs.chunks_mut(batch * 8) {
-        mega.sort_by_key(|s| s.tokens.len());
+    for mega in order.chunks_mut(batch * 8) {
+        mega.sort_by_key(|&i| len(i));
         batches.extend(mega.chunks(batch).map(|c| c.to_vec()));
     }
     rng.shuffle(&mut batches);
     batches
 }
 
+/// Everything the training loop carries from one epoch to the next: saved as the stage's
+/// progress at epoch boundaries, so a killed warm start resumes where it was and ends with the
+/// same bits as one that never stopped.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct LoopState {
+    step: usize,
+    rng: u64,
+    /// The sequences' order (each epoch reshuffles the previous one).
+    order: Vec<usize>,
+    node_success: f64,
+    root_success: f64,
+    loss: f64,
+    lines: String,
+    /// (node success, root success, step) of the best gate check kept so far.
+    best: Option<(f64, f64, usize)>,
+}
+
+const PROGRESS: &str = "warmstart.progress";
+
+/// How often progress is saved (at the first epoch boundary after this many seconds;
+/// `RAO_PROGRESS_EVERY_S` for tests).
+fn progress_every() -> std::time::Duration {
+    let secs = std::env::var("RAO_PROGRESS_EVERY_S").ok().and_then(|s| s.parse::<f64>().ok()).filter(|s| s.is_finite() && *s >= 0.0);
+    std::time::Duration::from_secs_f64(secs.unwrap_or(30.0))
+}
+
+fn encode_progress(state: &LoopState, policy: &Checkpoint, best: Option<&Checkpoint>) -> anyhow::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut part = |bytes: &[u8]| {
+        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        out.extend_from_slice(bytes);
+    };
+    part(&serde_json::to_vec(state)?);
+    for ck in std::iter::once(policy).chain(best) {
+        part(&serde_json::to_vec(&ck.meta)?);
+        part(&ck.params);
+        part(&ck.optim);
+    }
+    Ok(out)
+}
+
+fn decode_progress(bytes: &[u8]) -> anyhow::Result<(LoopState, Checkpoint, Option<Checkpoint>)> {
+    let mut parts = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        anyhow::ensure!(rest.len() >= 8, "truncated progress");
+        let n = u64::from_le_bytes(rest[..8].try_into()?) as usize;
+        anyhow::ensure!(rest.len() - 8 >= n, "truncated progress");
+        parts.push(&rest[8..8 + n]);
+        rest = &rest[8 + n..];
+    }
+    anyhow::ensure!(parts.len() == 4 || parts.len() == 7, "progress has {} parts", parts.len());
+    let checkpoint = |p: &[&[u8]]| -> anyhow::Result<Checkpoint> {
+        Ok(Checkpoint { meta: serde_json::from_slice(p[0])?, params: p[1].to_vec(), optim: p[2].to_vec() })
+    };
+    let state: LoopState = serde_json::from_slice(parts[0])?;
+    let best = if parts.len() == 7 { Some(checkpoint(&parts[4..7])?) } else { None };
+    Ok((state, checkpoint(&parts[1..4])?, best))
+}
+
 pub struct Warmstart;
 
 impl TypedStage for Warmstart {
+    fn code() -> &'static str {
+        crate::code::of("warmstart")
+    }
+    fn machine_profile(p: &Self::Params) -> String {
+        rao_policy::machine_profile(p.backend)
+    }
     type Params = WarmstartParams;
     const NAME: &'static str = "warmstart";
     // 2: Burn-record checkpoints, noise actions name only items in context; 3: tier shifts;
@@ -191,51 +257,86 @@ impl TypedStage for Warmstart {
             anyhow::ensure!(!seqs.is_empty(), "the expert produced no demonstrations");
             ctx.set_metric("demo_sequences", seqs.len() as f64);
             let cfg = ModelConfig { vocab: set.vocab().len(), ..p.model.clone() };
-            let mut policy = Policy::new(cfg, p.backend, ctx.seed)?;
-            ctx.set_metric("params", policy.model.num_params() as f64);
             let grammar = set.grammar(p.limits.max_children as usize);
-            let mut rng = Rng::new(ctx.seed ^ 0x5EED);
-            #[allow(unused_assignments)]
-            let (mut step, mut node_success, mut root_success, mut loss) = (0usize, 0.0, 0.0, f64::NAN);
             let log = ctx.scratch.join("warmstart.log");
             std::fs::create_dir_all(&ctx.scratch)?;
-            let mut lines = String::new();
-            // (node success, root success, step, checkpoint) of the best gate check so far.
-            let mut best: Option<(f64, f64, usize, Checkpoint)> = None;
+            let resumed = match ctx.load_progress(PROGRESS).await? {
+                Some(bytes) => match decode_progress(&bytes) {
+                    Ok(saved) if saved.0.order.len() == seqs.len() => Some(saved),
+                    _ => None,
+                },
+                None => None,
+            };
+            let (mut policy, mut st, mut best) = match resumed {
+                Some((state, ck, best_ck)) => {
+                    let policy = Policy::from_checkpoint(&ck, p.backend)?;
+                    let best = state.best.zip(best_ck).map(|((n, r, at), ck)| (n, r, at, ck));
+                    ctx.set_metric("resumed_at_step", state.step as f64);
+                    (policy, state, best)
+                }
+                None => {
+                    let policy = Policy::new(cfg, p.backend, ctx.seed)?;
+                    let state = LoopState {
+                        step: 0,
+                        rng: Rng::new(ctx.seed ^ 0x5EED).state(),
+                        order: (0..seqs.len()).collect(),
+                        node_success: 0.0,
+                        root_success: 0.0,
+                        loss: f64::NAN,
+                        lines: String::new(),
+                        best: None,
+                    };
+                    (policy, state, None)
+                }
+            };
+            ctx.set_metric("params", policy.model.num_params() as f64);
+            let mut rng = Rng::from_state(st.rng);
+            let mut last_save = std::time::Instant::now();
             'train: loop {
+                // An epoch boundary: everything the rest of training depends on is in `st`,
+                // `rng`, the policy and `best`.
+                if st.step > 0 && last_save.elapsed() >= progress_every() {
+                    st.rng = rng.state();
+                    st.best = best.as_ref().map(|b| (b.0, b.1, b.2));
+                    let bytes = encode_progress(&st, &policy.checkpoint(), best.as_ref().map(|b| &b.3))?;
+                    ctx.save_progress(PROGRESS, &bytes).await?;
+                    last_save = std::time::Instant::now();
+                }
                 let batches = if p.bucket_by_length {
-                    length_bucketed(&mut seqs, p.batch.max(1), &mut rng)
+                    length_bucketed(&mut st.order, |i| seqs[i].tokens.len(), p.batch.max(1), &mut rng)
                 } else {
-                    rng.shuffle(&mut seqs);
-                    seqs.chunks(p.batch.max(1)).map(|c| c.to_vec()).collect()
+                    rng.shuffle(&mut st.order);
+                    st.order.chunks(p.batch.max(1)).map(|c| c.to_vec()).collect()
                 };
                 for chunk in batches {
                     let batch: Vec<Sequence> = if p.demos.rename_items {
-                        chunk.iter().map(|s| set.augment(s, p.demos.shift_tiers, &mut rng)).collect()
+                        chunk.iter().map(|&i| set.augment(&seqs[i], p.demos.shift_tiers, &mut rng)).collect()
                     } else {
-                        chunk
+                        chunk.iter().map(|&i| seqs[i].clone()).collect()
                     };
-                    let frac = step as f64 / p.max_steps.max(1) as f64;
+                    let frac = st.step as f64 / p.max_steps.max(1) as f64;
                     let lr = p.lr * (1.0 - frac * (1.0 - p.lr_final));
-                    loss = policy.train_step(&batch, grammar.as_ref(), Loss::Supervised, lr, 1.0).loss;
-                    step += 1;
-                    if step % p.eval_every.max(1) == 0 || step >= p.max_steps {
+                    st.loss = policy.train_step(&batch, grammar.as_ref(), Loss::Supervised, lr, 1.0).loss;
+                    st.step += 1;
+                    if st.step % p.eval_every.max(1) == 0 || st.step >= p.max_steps {
                         let checkpoint = policy.checkpoint();
                         let snapshot = Arc::new(Policy::from_checkpoint(&checkpoint, p.backend)?);
-                        (node_success, root_success) = gate_check(gate_set.as_ref(), snapshot, &p.limits, ctx.seed).await;
-                        lines.push_str(&format!(
-                            "step {step} loss {loss:.4} gate node_success {node_success:.3} root_success {root_success:.3}\n"
+                        (st.node_success, st.root_success) = gate_check(gate_set.as_ref(), snapshot, &p.limits, ctx.seed).await;
+                        st.lines.push_str(&format!(
+                            "step {} loss {:.4} gate node_success {:.3} root_success {:.3}\n",
+                            st.step, st.loss, st.node_success, st.root_success
                         ));
-                        std::fs::write(&log, &lines)?;
-                        if p.gate.keep_best && best.as_ref().is_none_or(|b| node_success >= b.0) {
-                            best = Some((node_success, root_success, step, checkpoint));
+                        std::fs::write(&log, &st.lines)?;
+                        if p.gate.keep_best && best.as_ref().is_none_or(|b| st.node_success >= b.0) {
+                            best = Some((st.node_success, st.root_success, st.step, checkpoint));
                         }
-                        if node_success >= p.gate.min_node_success || step >= p.max_steps {
+                        if st.node_success >= p.gate.min_node_success || st.step >= p.max_steps {
                             break 'train;
                         }
                     }
                 }
             }
+            let LoopState { step, mut node_success, mut root_success, loss, mut lines, .. } = st;
             let checkpoint = match best.filter(|b| b.2 != step) {
                 Some((n, r, at, kept)) => {
                     lines.push_str(&format!("kept the checkpoint of step {at} (gate node_success {n:.3}, the best)\n"));

@@ -85,7 +85,7 @@ impl TaskSet for LongDocSet {
     }
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LongDocParams {
     /// Document sizes and vocabulary (default: 160–320 lines, six speakers, six spells).
@@ -108,6 +108,9 @@ fn default_count() -> usize {
 pub struct LongDocTasks;
 
 impl TypedStage for LongDocTasks {
+    fn code() -> &'static str {
+        crate::code::of("envs")
+    }
     type Params = LongDocParams;
     const NAME: &'static str = "longdoc_tasks";
     // 2: the episodes of these tasks changed (a `read` ends with the question), so everything

@@ -147,7 +147,7 @@ pub fn read_task_column<T: serde::de::DeserializeOwned>(bytes: bytes::Bytes) -> 
 }
 
 /// `train` or `validation` tasks.
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, JsonSchema, PartialEq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Split {
     #[default]

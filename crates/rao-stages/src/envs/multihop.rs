@@ -75,7 +75,7 @@ impl TaskSet for MultiHopSet {
     }
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MultiHopParams {
     /// Graph size and page length (default: 48 entities, 8 relations, 7 distractors per page: the entity's other facts).
@@ -108,6 +108,9 @@ fn default_per_hops() -> usize {
 pub struct MultiHopTasks;
 
 impl TypedStage for MultiHopTasks {
+    fn code() -> &'static str {
+        crate::code::of("envs")
+    }
     type Params = MultiHopParams;
     const NAME: &'static str = "multihop_tasks";
     const VERSION: u32 = 3; // 2: entity pages (one-key lookup), 8 relations; 3: pages end on the query

@@ -1,0 +1,93 @@
+//! Where stage instances run: the `Executor` seam, with the in-process, child-process and
+//! per-instance executors (Ray's is in `ray.rs`).
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::compile::Compiled;
+use crate::events::{Event, Reporter};
+use crate::exec::{self, Finished, Job};
+use crate::kind::Registry;
+use crate::store::Store;
+
+/// Something that can run a job: in this process, as a child process, or on a cluster.
+pub trait Executor: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Finished, String>>;
+}
+
+/// Runs stages inside the scheduler's process.
+pub struct InProcess {
+    pub registry: Arc<Registry>,
+    pub store: Store,
+    pub reporter: Reporter,
+}
+
+impl Executor for InProcess {
+    fn name(&self) -> &'static str {
+        "in-process"
+    }
+    fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Finished, String>> {
+        let (registry, store, reporter) = (self.registry.clone(), self.store.clone(), self.reporter.clone());
+        Box::pin(
+            async move { exec::execute(&c, &registry, &store, job, &reporter).await.map_err(|e| crate::secrets::redact(&e.to_string())) },
+        )
+    }
+}
+
+/// Runs each stage as `rao exec` in a child process: the seam remote executors use.
+pub struct LocalProcess {
+    pub exe: std::path::PathBuf,
+    pub store: Store,
+    pub reporter: Reporter,
+}
+
+impl Executor for LocalProcess {
+    fn name(&self) -> &'static str {
+        "process"
+    }
+    fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Finished, String>> {
+        let (exe, store, reporter) = (self.exe.clone(), self.store.clone(), self.reporter.clone());
+        Box::pin(async move {
+            let inst = &c.instances[job.instance];
+            reporter.emit(Event::Started { instance: inst.name.clone(), fingerprint: job.fingerprint.clone(), attempt: 1 });
+            let out = tokio::process::Command::new(&exe)
+                .args(exec::exec_args(&c, &inst.name, &store, &job.run_id))
+                .kill_on_drop(true)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await
+                .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+            if !out.status.success() {
+                let err = String::from_utf8_lossy(&out.stderr);
+                return Err(crate::secrets::redact(&format!("`rao exec` exited with {}: {}", out.status, err.trim())));
+            }
+            finished_by(&store, &job).await?.ok_or_else(|| "`rao exec` succeeded but wrote no manifest".to_string())
+        })
+    }
+}
+
+/// Routes each instance to its own executor (a stage may name one, e.g. Ray for the rollouts).
+pub struct PerInstance {
+    pub executors: Vec<Arc<dyn Executor>>,
+    pub name: &'static str,
+}
+
+impl Executor for PerInstance {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Finished, String>> {
+        self.executors[job.instance].execute(c, job)
+    }
+}
+
+/// The published result of a job that another process ran (`rao exec`, a Ray job), if any.
+pub async fn finished_by(store: &Store, job: &Job) -> Result<Option<Finished>, String> {
+    let m = exec::reusable(store, &job.fingerprint, job.forced_at).await.map_err(|e| e.to_string())?;
+    Ok(m.map(|manifest| {
+        let reused = manifest.run_id.as_deref() != Some(job.run_id.as_str());
+        Finished { manifest, reused }
+    }))
+}

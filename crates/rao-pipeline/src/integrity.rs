@@ -1,0 +1,70 @@
+//! Content checks of inputs: every byte a stage reads from an upstream artifact matches the
+//! blake3 its manifest recorded — checked as a file is read (downloads included), or once per
+//! process for an artifact a stage reads in place from a local store.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::{Mutex, OnceLock};
+
+use crate::kind::InputArtifact;
+use crate::manifest::FileEntry;
+
+/// An input whose bytes are not what its manifest says. Stages fail with it (through `?`);
+/// the executor then sets the producer's manifest aside, recomputes it and starts the stage over.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("input `{output}` from `{producer}` is damaged: {why}")]
+pub struct InputDamaged {
+    pub producer: String,
+    pub fingerprint: String,
+    pub attempt: Option<String>,
+    pub output: String,
+    pub why: String,
+}
+
+impl InputDamaged {
+    fn of(a: &InputArtifact, why: String) -> InputDamaged {
+        InputDamaged {
+            producer: a.instance.clone(),
+            fingerprint: a.fingerprint.clone(),
+            attempt: a.attempt.clone(),
+            output: a.output.clone(),
+            why,
+        }
+    }
+}
+
+/// Check the bytes of one file of an artifact against its manifest entry.
+pub fn check_bytes(a: &InputArtifact, path: &str, bytes: &[u8]) -> Result<(), InputDamaged> {
+    let entry =
+        a.files.iter().find(|f| f.path == path).ok_or_else(|| InputDamaged::of(a, format!("its manifest lists no file `{path}`")))?;
+    check_entry(a, entry, bytes)
+}
+
+fn check_entry(a: &InputArtifact, entry: &FileEntry, bytes: &[u8]) -> Result<(), InputDamaged> {
+    if bytes.len() as u64 != entry.size {
+        return Err(InputDamaged::of(a, format!("file `{}` has {} bytes, the manifest says {}", entry.path, bytes.len(), entry.size)));
+    }
+    if blake3::hash(bytes).to_hex().as_str() != entry.blake3 {
+        return Err(InputDamaged::of(a, format!("file `{}` does not match its recorded blake3 hash", entry.path)));
+    }
+    Ok(())
+}
+
+fn verified() -> &'static Mutex<HashSet<String>> {
+    static SET: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    SET.get_or_init(Default::default)
+}
+
+/// Check every file of an artifact held in the local directory `dir` (once per process).
+pub fn check_dir(a: &InputArtifact, dir: &Path) -> Result<(), InputDamaged> {
+    let key = format!("{}/{}/{}", a.fingerprint, a.attempt.as_deref().unwrap_or("out"), a.output);
+    if verified().lock().unwrap_or_else(|p| p.into_inner()).contains(&key) {
+        return Ok(());
+    }
+    for entry in &a.files {
+        let bytes = std::fs::read(dir.join(&entry.path)).map_err(|e| InputDamaged::of(a, format!("file `{}`: {e}", entry.path)))?;
+        check_entry(a, entry, &bytes)?;
+    }
+    verified().lock().unwrap_or_else(|p| p.into_inner()).insert(key);
+    Ok(())
+}

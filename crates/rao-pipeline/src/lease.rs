@@ -1,0 +1,193 @@
+//! Leases: which run is computing a stage instance right now, kept in the store itself so that
+//! every run pointed at it — another terminal, a nightly CI job, a Ray cluster — cooperates.
+//!
+//! A lease is a small object `leases/<fp>/g<generation>.json` created with a conditional put
+//! (`If-None-Match: *` on S3, a hard link locally), so of two runs only one creates a given
+//! generation. The holder rewrites its object every `ttl / 3` with a later expiry; a holder that
+//! died stops renewing and its lease lapses (at once when it was a process of this machine that no
+//! longer exists). Taking over a lapsed lease creates the next generation — again conditionally —
+//! so two waiters cannot both win.
+//!
+//! Leases make each instance execute once; they are not what keeps the store correct. That is the
+//! manifest: written once with the same conditional put, so even a holder that lost its lease
+//! (paused past its expiry) cannot replace a finished output — its copy is discarded.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::exec::now_secs;
+use crate::layout::lease_prefix;
+use crate::store::{Store, StoreResult};
+
+/// How long a lease lasts without renewal (`RAO_LEASE_TTL`, in seconds, for tests).
+pub fn ttl() -> Duration {
+    let secs = std::env::var("RAO_LEASE_TTL").ok().and_then(|s| s.parse::<f64>().ok()).filter(|s| s.is_finite() && *s > 0.1);
+    Duration::from_secs_f64(secs.unwrap_or(60.0))
+}
+
+/// This machine's name, as leases and staging directories record it.
+pub fn host_name() -> String {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+            .map(|s| s.trim().to_string())
+            .ok()
+            .filter(|s| !s.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "localhost".into())
+    })
+    .clone()
+}
+
+/// Whether process `pid` of this machine is gone (unknown: `false`).
+pub fn process_is_gone(pid: u32) -> bool {
+    cfg!(target_os = "linux") && std::path::Path::new("/proc/self").exists() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// What a lease object says.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LeaseInfo {
+    pub host: String,
+    pub pid: u32,
+    pub run_id: String,
+    pub instance: String,
+    pub expires_at: f64,
+}
+
+impl LeaseInfo {
+    fn lapsed(&self) -> bool {
+        self.expires_at < now_secs() || (self.host == host_name() && process_is_gone(self.pid))
+    }
+}
+
+/// The result of trying to take a lease.
+pub enum Acquired {
+    Held(LeaseGuard),
+    /// Someone else holds it (what their lease says).
+    Busy(LeaseInfo),
+}
+
+/// A held lease: renewed in the background until released or dropped.
+pub struct LeaseGuard {
+    store: Store,
+    key: String,
+    renewer: tokio::task::JoinHandle<()>,
+}
+
+impl LeaseGuard {
+    /// Give the lease up (the instance is published, or failed): waiters go on at once.
+    pub async fn release(self) {
+        self.renewer.abort();
+        let _ = self.store.delete(&self.key).await;
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        // Dropped without `release` (cancelled, panicked): stop renewing; the lease lapses.
+        self.renewer.abort();
+    }
+}
+
+fn generation_key(fp: &str, generation: u64) -> String {
+    format!("{}/g{generation:012}.json", lease_prefix(fp))
+}
+
+/// The newest generation of the lease of `fp` and what it says (`None`: nobody ever took it, or
+/// its object is unreadable — then it counts as lapsed).
+async fn newest(store: &Store, fp: &str) -> StoreResult<Option<(u64, Option<LeaseInfo>)>> {
+    let prefix = format!("{}/", lease_prefix(fp));
+    let newest = store
+        .list(&prefix)
+        .await?
+        .into_iter()
+        .filter_map(|(key, _)| key.strip_prefix(&prefix)?.strip_prefix('g')?.strip_suffix(".json")?.parse::<u64>().ok())
+        .max();
+    let Some(generation) = newest else { return Ok(None) };
+    let info = store.get_json::<LeaseInfo>(&generation_key(fp, generation)).await.ok().flatten();
+    Ok(Some((generation, info)))
+}
+
+/// Who holds the lease of `fp` now, if anyone does.
+pub async fn live_holder(store: &Store, fp: &str) -> StoreResult<Option<LeaseInfo>> {
+    Ok(match newest(store, fp).await? {
+        Some((_, Some(info))) if !info.lapsed() => Some(info),
+        _ => None,
+    })
+}
+
+/// Try to take the lease of `fp` for `run_id`/`instance`.
+pub async fn try_acquire(store: &Store, fp: &str, run_id: &str, instance: &str) -> StoreResult<Acquired> {
+    let ttl = ttl();
+    let next = match newest(store, fp).await? {
+        None => 1,
+        Some((_, Some(info))) if !info.lapsed() => return Ok(Acquired::Busy(info)),
+        Some((generation, _)) => generation + 1,
+    };
+    let info = LeaseInfo {
+        host: host_name(),
+        pid: std::process::id(),
+        run_id: run_id.to_string(),
+        instance: instance.to_string(),
+        expires_at: now_secs() + ttl.as_secs_f64(),
+    };
+    let key = generation_key(fp, next);
+    let body = bytes::Bytes::from(serde_json::to_vec(&info).expect("a lease serialises"));
+    if !store.put_if_absent(&key, body).await? {
+        // Another waiter took this generation first.
+        let holder = store.get_json::<LeaseInfo>(&key).await.ok().flatten().unwrap_or(info);
+        return Ok(Acquired::Busy(holder));
+    }
+    // Older generations are history now.
+    for g in (next.saturating_sub(3)..next).filter(|g| *g > 0) {
+        let _ = store.delete(&generation_key(fp, g)).await;
+    }
+    let renewer = tokio::spawn(renew(store.clone(), fp.to_string(), next, key.clone(), info, ttl));
+    Ok(Acquired::Held(LeaseGuard { store: store.clone(), key, renewer }))
+}
+
+async fn renew(store: Store, fp: String, generation: u64, key: String, mut info: LeaseInfo, ttl: Duration) {
+    loop {
+        tokio::time::sleep(ttl / 3).await;
+        // A newer generation means ours lapsed and was taken over: stop writing. Publishing stays
+        // safe (the manifest is written once), so the stage is allowed to finish.
+        if let Ok(Some((newest, _))) = newest(&store, &fp).await {
+            if newest != generation {
+                return;
+            }
+        }
+        info.expires_at = now_secs() + ttl.as_secs_f64();
+        let _ = store.put_json(&key, &info).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn one_holder_at_a_time_and_a_released_lease_is_free() {
+        let store = Store::open("memory://", std::path::Path::new(".")).unwrap();
+        let fp = "00112233445566778899aabbccddeeff";
+        let Acquired::Held(first) = try_acquire(&store, fp, "run-1", "a").await.unwrap() else { panic!("free lease not taken") };
+        match try_acquire(&store, fp, "run-2", "a").await.unwrap() {
+            Acquired::Busy(info) => assert_eq!(info.run_id, "run-1"),
+            Acquired::Held(_) => panic!("two holders"),
+        }
+        first.release().await;
+        assert!(matches!(try_acquire(&store, fp, "run-2", "a").await.unwrap(), Acquired::Held(_)));
+    }
+
+    #[tokio::test]
+    async fn a_lapsed_lease_is_taken_over_by_exactly_one_waiter() {
+        let store = Store::open("memory://", std::path::Path::new(".")).unwrap();
+        let fp = "00112233445566778899aabbccddeeff";
+        let dead = LeaseInfo { host: "elsewhere".into(), pid: 1, run_id: "old".into(), instance: "a".into(), expires_at: now_secs() - 1.0 };
+        store.put_json(&generation_key(fp, 7), &dead).await.unwrap();
+        let (a, b) = tokio::join!(try_acquire(&store, fp, "run-a", "a"), try_acquire(&store, fp, "run-b", "a"));
+        let held = [a.unwrap(), b.unwrap()].into_iter().filter(|x| matches!(x, Acquired::Held(_))).count();
+        assert_eq!(held, 1);
+    }
+}

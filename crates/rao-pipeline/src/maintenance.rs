@@ -1,0 +1,200 @@
+//! Keeping a store healthy: `rao verify` (every manifest and every byte it names) and `rao gc`
+//! (staging of dead runs, attempts no manifest names, lapsed leases, and — given the pipelines
+//! to keep — objects nothing references). Both only read unless asked to change anything.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::layout::{is_attempt_id, is_fingerprint};
+use crate::manifest::{self, ManifestState};
+use crate::store::{Store, StoreResult};
+
+/// Remove this machine's staging entries whose process is gone (local stores; best effort).
+pub fn remove_dead_staging(store: &Store) -> Vec<String> {
+    let Some(root) = store.local_root() else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(root.join("staging")) else { return Vec::new() };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if crate::publish::staging_owner(&name).is_some_and(crate::lease::process_is_gone) {
+            let path = e.path();
+            let gone = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            if gone.is_ok() {
+                removed.push(format!("staging/{name}"));
+            }
+        }
+    }
+    removed
+}
+
+/// One object of the store, grouped by fingerprint.
+#[derive(Default)]
+struct ObjectFiles {
+    manifest: bool,
+    /// attempt (or `out`) → total bytes.
+    attempts: BTreeMap<String, u64>,
+}
+
+async fn objects(store: &Store) -> StoreResult<BTreeMap<String, ObjectFiles>> {
+    let mut by_fp: BTreeMap<String, ObjectFiles> = BTreeMap::new();
+    for (key, size) in store.list("objects/").await? {
+        let mut parts = key.splitn(4, '/');
+        let (_, _, fp, rest) = (parts.next(), parts.next(), parts.next(), parts.next());
+        let (Some(fp), Some(rest)) = (fp, rest) else { continue };
+        let entry = by_fp.entry(fp.to_string()).or_default();
+        if rest == "MANIFEST.json" {
+            entry.manifest = true;
+        } else if let Some((attempt, _)) = rest.split_once('/') {
+            *entry.attempts.entry(attempt.to_string()).or_default() += size;
+        }
+    }
+    Ok(by_fp)
+}
+
+#[derive(Debug, Serialize)]
+pub struct Damage {
+    pub fingerprint: String,
+    pub instance: Option<String>,
+    pub why: String,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct VerifyReport {
+    pub manifests: usize,
+    pub files: usize,
+    pub bytes: u64,
+    pub damaged: Vec<Damage>,
+    /// Damaged manifests set aside (with `--repair`): their instances run again next time.
+    pub quarantined: usize,
+}
+
+/// Check every manifest and every byte of every file it names.
+pub async fn verify(store: &Store, repair: bool) -> StoreResult<VerifyReport> {
+    let mut report = VerifyReport::default();
+    for (fp, files) in objects(store).await? {
+        if !files.manifest {
+            continue;
+        }
+        report.manifests += 1;
+        let key = crate::layout::manifest_key(&fp);
+        let Some(bytes) = store.get_opt(&key).await? else { continue };
+        let (instance, problem) = match manifest::parse(&fp, bytes.clone()) {
+            ManifestState::Done(m) => {
+                let mut problem = None;
+                'files: for (output, entries) in &m.outputs {
+                    for f in entries {
+                        report.files += 1;
+                        report.bytes += f.size;
+                        let why = match store.get(&m.file_key(output, &f.path)).await {
+                            Ok(b) if b.len() as u64 != f.size => {
+                                Some(format!("{output}/{}: {} bytes, manifest says {}", f.path, b.len(), f.size))
+                            }
+                            Ok(b) if blake3::hash(&b).to_hex().as_str() != f.blake3 => {
+                                Some(format!("{output}/{}: content hash differs", f.path))
+                            }
+                            Ok(_) => None,
+                            Err(e) => Some(format!("{output}/{}: {e}", f.path)),
+                        };
+                        if why.is_some() {
+                            problem = why;
+                            break 'files;
+                        }
+                    }
+                }
+                (Some(m.instance.clone()), problem)
+            }
+            ManifestState::Damaged { why, .. } => (None, Some(why)),
+            ManifestState::Missing => continue,
+        };
+        if let Some(why) = problem {
+            if repair {
+                manifest::quarantine(store, &fp, &bytes).await?;
+                report.quarantined += 1;
+            }
+            report.damaged.push(Damage { fingerprint: fp, instance, why });
+        }
+    }
+    Ok(report)
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct GcReport {
+    /// Store keys (or key prefixes) removed — or, in a dry run, that would be.
+    pub removed: Vec<String>,
+    pub bytes: u64,
+    pub deleted: bool,
+}
+
+/// Collect garbage. `keep`: fingerprints of every instance of the pipelines to keep (`None`:
+/// keep every finished object, remove only leftovers).
+pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool) -> StoreResult<GcReport> {
+    let mut report = GcReport { deleted: delete, ..Default::default() };
+    if delete {
+        report.removed.extend(remove_dead_staging(store));
+    }
+    let lease_live = |fp: &str| {
+        let store = store.clone();
+        let fp = fp.to_string();
+        async move { crate::lease::live_holder(&store, &fp).await.ok().flatten().is_some() }
+    };
+    for (fp, files) in objects(store).await? {
+        if !is_fingerprint(&fp) || lease_live(&fp).await {
+            continue;
+        }
+        let referenced: Option<String> = match store.get_opt(&crate::layout::manifest_key(&fp)).await? {
+            Some(bytes) => match manifest::parse(&fp, bytes) {
+                ManifestState::Done(m) => Some(m.attempt.unwrap_or_else(|| "out".into())),
+                _ => None,
+            },
+            None => None,
+        };
+        let unwanted = keep.is_some_and(|k| !k.contains(&fp));
+        for (attempt, bytes) in &files.attempts {
+            let orphan = Some(attempt.as_str()) != referenced.as_deref() && (is_attempt_id(attempt) || attempt == "out");
+            if orphan || unwanted {
+                let prefix = format!("{}/{attempt}/", crate::layout::object_dir(&fp));
+                report.bytes += bytes;
+                if delete {
+                    store.delete_prefix(&prefix).await?;
+                }
+                report.removed.push(prefix);
+            }
+        }
+        if unwanted && files.manifest {
+            let key = crate::layout::manifest_key(&fp);
+            if delete {
+                store.delete(&key).await?;
+            }
+            report.removed.push(key);
+        }
+    }
+    for (key, size) in store.list("leases/").await? {
+        let fp = key.split('/').nth(2).unwrap_or("");
+        if is_fingerprint(fp) && !lease_live(fp).await {
+            if delete {
+                store.delete(&key).await?;
+            }
+            report.bytes += size;
+            report.removed.push(key);
+        }
+    }
+    let mut progress: BTreeMap<String, u64> = BTreeMap::new();
+    for (key, size) in store.list("progress/").await? {
+        if let Some(fp) = key.split('/').nth(1) {
+            *progress.entry(fp.to_string()).or_default() += size;
+        }
+    }
+    for (fp, size) in progress {
+        let done = store.get_opt(&crate::layout::manifest_key(&fp)).await?.is_some();
+        if (done || keep.is_some_and(|k| !k.contains(&fp))) && !lease_live(&fp).await {
+            let prefix = format!("{}/", crate::layout::progress_prefix(&fp));
+            if delete {
+                store.delete_prefix(&prefix).await?;
+            }
+            report.bytes += size;
+            report.removed.push(prefix);
+        }
+    }
+    Ok(report)
+}

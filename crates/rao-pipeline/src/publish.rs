@@ -1,0 +1,166 @@
+//! Publishing a finished attempt: its outputs go to a directory of their own
+//! (`objects/<fp>/<attempt>/`), then the manifest is created — once. The first writer wins; a
+//! later one (a run whose lease lapsed while it worked) discards its copy. Nothing that a
+//! manifest names is ever removed or rewritten, so a reader never sees a missing or partial input.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use crate::compile::Compiled;
+use crate::exec::{IndexEntry, Job, index_key, now_secs};
+use crate::layout::{self, manifest_key, new_attempt_id};
+use crate::manifest::{self, FileEntry, Manifest, ManifestState};
+use crate::store::Store;
+
+/// Where a stage writes output `name` before it is published: a sibling of the other outputs'
+/// (no parent directory to create and delete: new inodes are most of a small stage's cost).
+pub fn staged_output(staging: &Path, name: &str) -> PathBuf {
+    let mut path = staging.as_os_str().to_owned();
+    path.push(".");
+    path.push(name);
+    PathBuf::from(path)
+}
+
+/// A short tag of this machine, so `rao gc` only removes staging of its own dead processes.
+pub fn host_tag() -> String {
+    blake3::hash(crate::lease::host_name().as_bytes()).to_hex()[..8].to_string()
+}
+
+/// `<fp>.<host>.<pid>.<attempt>`: whose it is can be read off the name.
+pub fn staging_dir(store: &Store, fp: &str, attempt: u32) -> PathBuf {
+    let name = format!("{fp}.{}.{}.{attempt}", host_tag(), std::process::id());
+    match store.local_root() {
+        // Same filesystem as the objects: publishing is a rename.
+        Some(root) => root.join("staging").join(name),
+        None => std::env::temp_dir().join("rao-staging").join(name),
+    }
+}
+
+/// The process that owns a staging entry, if it is one of this machine's.
+pub fn staging_owner(entry_name: &str) -> Option<u32> {
+    let mut parts = entry_name.split('.');
+    let (_fp, host, pid) = (parts.next()?, parts.next()?, parts.next()?);
+    (host == host_tag()).then(|| pid.parse().ok()).flatten()
+}
+
+pub struct Published {
+    pub manifest: Manifest,
+    /// `false`: another writer had published first; its manifest is returned and ours discarded.
+    pub ours: bool,
+}
+
+/// Move staged outputs into a fresh attempt directory, then create the manifest.
+pub async fn publish(
+    c: &Compiled,
+    store: &Store,
+    job: &Job,
+    staging: &Path,
+    metrics: Arc<Mutex<BTreeMap<String, f64>>>,
+    started_at: f64,
+    attempts: u32,
+) -> anyhow::Result<Published> {
+    let inst = &c.instances[job.instance];
+    let attempt = new_attempt_id();
+    let mut files_by_output = BTreeMap::new();
+    for out in &inst.outputs {
+        let prefix = layout::output_prefix(&job.fingerprint, Some(&attempt), out);
+        let dir = staged_output(staging, out);
+        let target = store.local_path(&prefix);
+        let mut entries = Vec::new();
+        for rel in walk_files(&dir)? {
+            let bytes = std::fs::read(dir.join(&rel))?;
+            entries.push(FileEntry { path: rel.clone(), size: bytes.len() as u64, blake3: blake3::hash(&bytes).to_hex().to_string() });
+            if target.is_none() {
+                store.put(&format!("{prefix}/{rel}"), Bytes::from(bytes)).await?;
+            }
+        }
+        // A local store takes the whole directory in one rename (same filesystem); the attempt
+        // directory is new, so the rename cannot meet anything already there.
+        if let (Some(t), false) = (&target, entries.is_empty()) {
+            std::fs::create_dir_all(t.parent().expect("an output path has a parent"))?;
+            std::fs::rename(&dir, t)?;
+        }
+        files_by_output.insert(out.clone(), entries);
+    }
+    let manifest = Manifest {
+        fingerprint: job.fingerprint.clone(),
+        kind: inst.kind.clone(),
+        kind_version: inst.kind_version,
+        instance: inst.name.clone(),
+        pipeline: c.name.clone(),
+        attempt: Some(attempt.clone()),
+        run_id: Some(job.run_id.clone()),
+        outputs: files_by_output,
+        metrics: metrics.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        started_at,
+        finished_at: now_secs(),
+        attempts,
+    };
+    let bytes = Bytes::from(serde_json::to_vec_pretty(&manifest)?);
+    let key = manifest_key(&job.fingerprint);
+    let ours = if job.forced_at.is_some() {
+        // `--force` asked for a new result: it replaces the manifest. The old attempt's files stay
+        // (a reader holding the old manifest still finds them) until `rao gc`.
+        store.put(&key, bytes).await?;
+        true
+    } else if store.put_if_absent(&key, bytes.clone()).await? {
+        true
+    } else {
+        match manifest::read(store, &job.fingerprint).await? {
+            ManifestState::Done(theirs) if manifest::check_sizes(store, &theirs).await?.is_ok() => {
+                discard_attempt(store, &job.fingerprint, &attempt).await;
+                return Ok(Published { manifest: theirs, ours: false });
+            }
+            // What is there is damaged (or vanished): ours replaces it.
+            ManifestState::Damaged { bytes: found, .. } => {
+                manifest::quarantine(store, &job.fingerprint, &found).await?;
+                store.put_if_absent(&key, bytes).await?
+            }
+            _ => {
+                store.put(&key, bytes).await?;
+                true
+            }
+        }
+    };
+    if !ours {
+        discard_attempt(store, &job.fingerprint, &attempt).await;
+        let theirs = manifest::read(store, &job.fingerprint).await?.done().ok_or_else(|| anyhow::anyhow!("manifest vanished"))?;
+        return Ok(Published { manifest: theirs, ours: false });
+    }
+    store.put_json(&index_key(&c.name, &inst.name), &IndexEntry { fingerprint: job.fingerprint.clone(), parts: job.parts.clone() }).await?;
+    Ok(Published { manifest, ours: true })
+}
+
+async fn discard_attempt(store: &Store, fp: &str, attempt: &str) {
+    let prefix = layout::attempt_prefix(fp, attempt);
+    match store.local_path(&prefix) {
+        Some(dir) => _ = std::fs::remove_dir_all(dir),
+        None => _ = store.delete_prefix(&format!("{prefix}/")).await,
+    }
+}
+
+/// Relative paths of all files under `dir` (sorted; empty if it does not exist).
+fn walk_files(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    if !dir.exists() {
+        return Ok(out);
+    }
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let p = e.path();
+            if e.file_type()?.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).expect("walked below dir").to_string_lossy().replace('\\', "/");
+                out.push(rel);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}

@@ -1,0 +1,172 @@
+//! Run records: `runs/<pipeline>/<run>.json`, written when a run starts, every half minute while
+//! it goes (a heartbeat) and when it ends. A run killed with `kill -9` cannot write its end; the
+//! next run of the pipeline (or `rao gc`) finds its marker under `active/`, sees the heartbeat
+//! stop or the process gone, and records it as interrupted.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::exec::now_secs;
+use crate::layout::{check_component, run_record_key};
+use crate::lease::{host_name, process_is_gone};
+use crate::store::{Store, StoreResult};
+
+/// A run whose heartbeat is older than this is taken for dead (it beats every 30 s).
+pub const HEARTBEAT_GRACE_S: f64 = 300.0;
+pub const HEARTBEAT_EVERY_S: f64 = 30.0;
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    /// Killed or crashed: it stopped without recording an end.
+    Interrupted,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+            RunStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceStatus {
+    Pending,
+    Done,
+    Cached,
+    Failed,
+    Skipped,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InstanceRecord {
+    pub name: String,
+    pub stage: String,
+    pub kind: String,
+    pub status: InstanceStatus,
+    pub fingerprint: Option<String>,
+    pub reason: Option<String>,
+    pub started_at: Option<f64>,
+    pub finished_at: Option<f64>,
+    pub attempts: u32,
+    pub metrics: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub pipeline: String,
+    pub file: String,
+    pub store: String,
+    pub executor: String,
+    /// `--set` overrides as given, with the values of secret-looking keys redacted.
+    pub overrides: Vec<String>,
+    pub resolved: serde_json::Value,
+    /// What `RunOptions::code_version` said (reports show which code measured what).
+    #[serde(default)]
+    pub code_version: String,
+    #[serde(default)]
+    pub host: String,
+    #[serde(default)]
+    pub pid: u32,
+    pub started_at: f64,
+    #[serde(default)]
+    pub heartbeat_at: f64,
+    pub finished_at: Option<f64>,
+    pub status: RunStatus,
+    pub instances: Vec<InstanceRecord>,
+}
+
+impl RunRecord {
+    pub fn key(&self) -> String {
+        run_record_key(&self.pipeline, &self.run_id)
+    }
+
+    pub fn failures(&self) -> Vec<(&str, &str)> {
+        self.instances
+            .iter()
+            .filter(|r| r.status == InstanceStatus::Failed)
+            .map(|r| (r.name.as_str(), r.reason.as_deref().unwrap_or("")))
+            .collect()
+    }
+
+    /// `Running` as recorded, unless the run is known to be gone.
+    pub fn effective_status(&self) -> RunStatus {
+        let gone = (self.host == host_name() && process_is_gone(self.pid))
+            || self.heartbeat_at.max(self.started_at) + HEARTBEAT_GRACE_S < now_secs();
+        if self.status == RunStatus::Running && gone { RunStatus::Interrupted } else { self.status }
+    }
+}
+
+pub fn active_key(pipeline: &str, run_id: &str) -> String {
+    format!("active/{pipeline}/{run_id}")
+}
+
+/// Read a run record by id (`latest`: the last one written); the id is checked first, so
+/// `--run ../../x` cannot reach outside `runs/`.
+pub async fn read(store: &Store, pipeline: &str, run_id: &str) -> anyhow::Result<Option<RunRecord>> {
+    check_component("run id", run_id)
+        .map_err(|e| anyhow::anyhow!("{e}: run ids look like 20261130T120000Z-4242 (see `runs/{pipeline}/` in the store)"))?;
+    check_component("pipeline name", pipeline).map_err(|e| anyhow::anyhow!(e))?;
+    match store.get_json::<RunRecord>(&run_record_key(pipeline, run_id)).await {
+        Ok(r) => Ok(r),
+        Err(e) => Err(anyhow::anyhow!("{e}")),
+    }
+}
+
+/// Record as interrupted every run of `pipeline` that is marked active but is gone. Returns
+/// their ids.
+pub async fn close_interrupted(store: &Store, pipeline: &str) -> StoreResult<Vec<String>> {
+    let prefix = format!("active/{pipeline}/");
+    let mut closed = Vec::new();
+    for (key, _) in store.list(&prefix).await? {
+        let Some(run_id) = key.strip_prefix(&prefix) else { continue };
+        if check_component("run id", run_id).is_err() {
+            store.delete(&key).await?;
+            continue;
+        }
+        let record = store.get_json::<RunRecord>(&run_record_key(pipeline, run_id)).await.ok().flatten();
+        match record {
+            Some(mut r) if r.effective_status() == RunStatus::Interrupted => {
+                r.status = RunStatus::Interrupted;
+                r.finished_at = Some(r.heartbeat_at.max(r.started_at));
+                for i in r.instances.iter_mut().filter(|i| i.status == InstanceStatus::Pending) {
+                    i.status = InstanceStatus::Cancelled;
+                    i.reason = Some("the run was interrupted".into());
+                }
+                store.put_json(&r.key(), &r).await?;
+                store.delete(&key).await?;
+                closed.push(run_id.to_string());
+            }
+            Some(r) if r.status == RunStatus::Running => {}
+            // Finished (its end was written but not the marker's removal), or no record at all.
+            _ => {
+                store.delete(&key).await?;
+            }
+        }
+    }
+    Ok(closed)
+}
+
+/// `--set` entries as recorded: values of keys that look like credentials become `<redacted>`.
+pub fn redact_overrides(overrides: &[String]) -> Vec<String> {
+    overrides
+        .iter()
+        .map(|o| match o.split_once('=') {
+            Some((path, _)) if crate::secrets::looks_secret(path.rsplit('.').next().unwrap_or(path)) => format!("{path}=<redacted>"),
+            _ => o.clone(),
+        })
+        .collect()
+}
