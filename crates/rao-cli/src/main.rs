@@ -277,6 +277,13 @@ fn code_version() -> String {
 fn main() -> ExitCode {
     rao_stages::tune_allocator();
     let cli = Cli::parse();
+    // Commands that print a result end quietly when their reader goes away (`rao plan | head`),
+    // as Unix tools do; `run` and `exec` keep going (their results are in the store, not stdout).
+    #[cfg(unix)]
+    if !matches!(cli.command, Command::Run { .. } | Command::Exec { .. }) {
+        // SAFETY: restores the default disposition of one signal before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match rt.block_on(dispatch(cli)) {
         Ok(code) => code,

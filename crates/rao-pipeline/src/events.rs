@@ -86,7 +86,11 @@ impl Reporter {
     }
     /// One JSON object per line on stdout.
     pub fn json() -> Self {
-        Reporter::new(|e| println!("{}", serde_json::to_string(e).unwrap()))
+        // A closed stdout (`rao run --json | head`) stops the events, not the run.
+        Reporter::new(|e| {
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(e).expect("events serialise"));
+        })
     }
     /// Human lines on stderr.
     pub fn plain() -> Self {
@@ -94,7 +98,8 @@ impl Reporter {
         Reporter::new(move |e| {
             let t = t0.elapsed().as_secs_f64();
             if let Some(line) = human_line(e) {
-                eprintln!("[{t:7.2}s] {line}");
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr().lock(), "[{t:7.2}s] {line}");
             }
         })
     }

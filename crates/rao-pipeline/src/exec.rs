@@ -145,12 +145,14 @@ async fn run_attempts(
         let remove_staged = || inst.outputs.iter().for_each(|o| _ = std::fs::remove_dir_all(publish::staged_output(&staging, o)));
         remove_staged();
         let metrics = Arc::new(Mutex::new(BTreeMap::new()));
+        // `${env.NAME}` values enter here, at run time only: never the fingerprint or a record.
+        let params = crate::secrets::fill_env(&inst.params).map_err(|e| ExecError::Failed(anyhow::anyhow!(e)))?;
         let ctx = StageContext {
             pipeline: c.name.clone(),
             instance: inst.name.clone(),
             fingerprint: job.fingerprint.clone(),
             seed: inst.seed,
-            params: inst.params.clone(),
+            params,
             fingerprint_extra: inst.extra.clone(),
             base_dir: c.base_dir.clone(),
             inputs: job.inputs.clone(),

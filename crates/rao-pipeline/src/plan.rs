@@ -41,6 +41,8 @@ pub async fn rows(c: &Compiled, store: &Store) -> StoreResult<Vec<Row>> {
             (State::Skipped, vec![])
         } else if snap.manifests[i].is_some() {
             (State::Done, vec![])
+        } else if let Some(why) = &snap.damaged[i] {
+            (State::Stale, vec![format!("damaged: {why}")])
         } else if let Some(parts) = &snap.parts[i] {
             match last_index(c, store, &inst.name).await? {
                 Some(old) if old.fingerprint == snap.fps[i].clone().unwrap() => {

@@ -4,7 +4,7 @@
 use crate::compile::{Compiled, Source};
 use crate::exec::{IndexEntry, index_key};
 use crate::fingerprint::FpParts;
-use crate::manifest::{self, Manifest};
+use crate::manifest::{self, Manifest, ManifestState};
 use crate::store::{Store, StoreResult};
 
 pub struct Snapshot {
@@ -14,6 +14,8 @@ pub struct Snapshot {
     pub loop_exit: Vec<Option<u32>>,
     /// Instances of loop iterations after the loop stopped early.
     pub skipped: Vec<bool>,
+    /// Why an instance's manifest is unusable, where it is (it counts as not done).
+    pub damaged: Vec<Option<String>>,
 }
 
 impl Snapshot {
@@ -34,6 +36,7 @@ pub async fn snapshot(c: &Compiled, store: &Store) -> StoreResult<Snapshot> {
         manifests: vec![None; n],
         loop_exit: vec![None; c.loops.len()],
         skipped: vec![false; n],
+        damaged: vec![None; n],
     };
     for &i in &c.order {
         for (_, sources) in &c.instances[i].inputs {
@@ -49,7 +52,11 @@ pub async fn snapshot(c: &Compiled, store: &Store) -> StoreResult<Snapshot> {
         if let Some(p) = parts {
             let fp = p.fingerprint();
             // A damaged manifest counts as not done (the next run sets it aside and recomputes).
-            s.manifests[i] = manifest::read(store, &fp).await?.done();
+            match manifest::read(store, &fp).await? {
+                ManifestState::Done(m) => s.manifests[i] = Some(m),
+                ManifestState::Damaged { why, .. } => s.damaged[i] = Some(why),
+                ManifestState::Missing => {}
+            }
             s.fps[i] = Some(fp);
             s.parts[i] = Some(p);
         }

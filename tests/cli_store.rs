@@ -1,0 +1,251 @@
+//! The store as something other people, crashes and attackers touch: damaged objects are found
+//! and recomputed, hostile paths refused, secrets never recorded, killed runs recorded as such,
+//! read-only commands create nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn rao(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// a → b → c, each logging its execution to `ran.log`.
+fn chain(dir: &Path) -> PathBuf {
+    let log = dir.join("ran.log");
+    let stage = |name: &str, input: Option<&str>| {
+        let (inputs, read) = match input {
+            Some(i) => (format!(", inputs: {{i: {i}.o}}"), "cat ${inputs.i}/v > ${outputs.o}/v; ".to_string()),
+            None => (String::new(), String::new()),
+        };
+        format!(
+            "  {name}: {{kind: shell, params: {{command: 'echo {name} >> {log}; {read}seq 1 1000 >> ${{outputs.o}}/v; echo {name} >> ${{outputs.o}}/v'}}, outputs: [o]{inputs}}}\n",
+            log = log.display()
+        )
+    };
+    let p = dir.join("p.yaml");
+    std::fs::write(&p, format!("name: p\nstages:\n{}{}{}", stage("a", None), stage("b", Some("a")), stage("c", Some("b")))).unwrap();
+    p
+}
+
+fn ran(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("ran.log")).unwrap_or_default()
+}
+
+/// Fingerprint of an instance, from `rao status --json`.
+fn fingerprint(dir: &Path, instance: &str) -> String {
+    let out = rao(&["status", "p.yaml", "--json"], dir);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    rows.as_array().unwrap().iter().find(|r| r["instance"] == instance).unwrap()["fingerprint"].as_str().unwrap().to_string()
+}
+
+fn object_dir(dir: &Path, fp: &str) -> PathBuf {
+    dir.join(".rao/store/objects").join(&fp[..2]).join(fp)
+}
+
+/// The one file of output `o` of an instance.
+fn output_file(dir: &Path, fp: &str) -> PathBuf {
+    let obj = object_dir(dir, fp);
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(obj.join("MANIFEST.json")).unwrap()).unwrap();
+    obj.join(m["attempt"].as_str().unwrap()).join("o/v")
+}
+
+#[test]
+fn a_truncated_output_under_a_valid_manifest_is_recomputed_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    chain(dir.path());
+    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    let good = std::fs::read(output_file(dir.path(), &fingerprint(dir.path(), "a"))).unwrap();
+    // Truncate a's output: the next run finds it by size, sets it aside and recomputes a only.
+    let path = output_file(dir.path(), &fingerprint(dir.path(), "a"));
+    std::fs::write(&path, &good[..10]).unwrap();
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("DAMAGED  a"), "{}", text(&o));
+    assert_eq!(ran(dir.path()).matches('a').count(), 2, "a recomputed once: {}", ran(dir.path()));
+    assert_eq!(ran(dir.path()).matches('b').count(), 1, "b's own output was fine: {}", ran(dir.path()));
+    assert_eq!(std::fs::read(output_file(dir.path(), &fingerprint(dir.path(), "a"))).unwrap(), good);
+    assert!(std::fs::read_dir(dir.path().join(".rao/store/quarantine")).unwrap().count() >= 1);
+
+    // Same size, other bytes: a cache hit does not hash, but a stage that reads it does — and
+    // `--force c` recomputes from good bytes, not from the damage.
+    let path = output_file(dir.path(), &fingerprint(dir.path(), "b"));
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[0] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let o = rao(&["run", "p.yaml", "--force", "c"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("DAMAGED  b"), "{}", text(&o));
+    assert_eq!(ran(dir.path()).matches('b').count(), 2, "{}", ran(dir.path()));
+    let c = std::fs::read_to_string(output_file(dir.path(), &fingerprint(dir.path(), "c"))).unwrap();
+    assert!(c.starts_with("1\n2\n"), "c read the damaged bytes: {c:.40}");
+
+    // `rao verify` checks every byte: clean now; a flipped byte is reported (exit 1), `--repair`
+    // sets it aside, and the next run recomputes it.
+    let v = rao(&["verify", "p.yaml"], dir.path());
+    assert!(v.status.success(), "{}", text(&v));
+    let path = output_file(dir.path(), &fingerprint(dir.path(), "c"));
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[3] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let v = rao(&["verify", "p.yaml"], dir.path());
+    assert_eq!(v.status.code(), Some(1), "{}", text(&v));
+    assert!(text(&v).contains("DAMAGED") && text(&v).contains("(c)"), "{}", text(&v));
+    assert!(rao(&["verify", "p.yaml", "--repair"], dir.path()).status.success());
+    let status = text(&rao(&["status", "p.yaml"], dir.path()));
+    assert!(status.contains("stale    c") && status.contains("its artifacts are missing"), "{status}");
+}
+
+#[test]
+fn a_truncated_or_deleted_manifest_is_not_done_and_aborts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    chain(dir.path());
+    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    let fp = fingerprint(dir.path(), "b");
+    let manifest = object_dir(dir.path(), &fp).join("MANIFEST.json");
+    let bytes = std::fs::read(&manifest).unwrap();
+    std::fs::write(&manifest, &bytes[..bytes.len() / 2]).unwrap();
+    for cmd in [&["status", "p.yaml"][..], &["plan", "p.yaml"], &["report", "p.yaml"]] {
+        let o = rao(cmd, dir.path());
+        assert!(o.status.success(), "{cmd:?}: {}", text(&o));
+    }
+    let status = text(&rao(&["status", "p.yaml"], dir.path()));
+    assert!(status.contains("stale    b") && status.contains("damaged: MANIFEST.json is not a valid manifest"), "{status}");
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(ran(dir.path()).matches('b').count(), 2);
+    // A deleted output file is found by the cache hit's size check.
+    std::fs::remove_file(output_file(dir.path(), &fingerprint(dir.path(), "c"))).unwrap();
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(text(&o).contains("DAMAGED  c") && text(&o).contains("missing"), "{}", text(&o));
+    assert_eq!(ran(dir.path()).matches('c').count(), 2, "{}", ran(dir.path()));
+}
+
+#[test]
+fn hostile_manifest_paths_are_refused_and_nothing_is_written_outside_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    chain(dir.path());
+    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    // An attacker with write access to the store rewrites a's manifest to name files outside it.
+    let fp = fingerprint(dir.path(), "a");
+    let manifest = object_dir(dir.path(), &fp).join("MANIFEST.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let victim = dir.path().join("victim");
+    for hostile in ["../../../../../victim", &victim.display().to_string()] {
+        m["outputs"]["o"][0]["path"] = serde_json::Value::String(hostile.to_string());
+        std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
+        let o = rao(&["run", "p.yaml", "--force", "b"], dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(text(&o).contains("DAMAGED  a") && text(&o).contains("`..`") || text(&o).contains("absolute"), "{}", text(&o));
+        assert!(!victim.exists(), "a file was written outside the store");
+        m = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    }
+    // A run id is one name, never a path.
+    let o = rao(&["report", "p.yaml", "--run", "../../../etc/passwd"], dir.path());
+    assert!(!o.status.success());
+    assert!(text(&o).contains("run id"), "{}", text(&o));
+}
+
+#[test]
+fn secrets_stay_out_of_run_records_and_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p.yaml");
+    std::fs::write(
+        &p,
+        "name: p\nparams: {api_token: placeholder}\nstages:\n  \
+         a: {kind: shell, params: {command: 'test ${#T} -eq 20 && echo ok > ${outputs.o}/v', env: {T: '${env.RAO_TEST_TOKEN}'}}, outputs: [o]}\n  \
+         b: {kind: shell, params: {command: 'echo \"failing with $MY_API_TOKEN\" >&2; exit 3'}, outputs: [o]}\n",
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_rao"))
+        .args(["run", "p.yaml", "--json", "--set", "params.api_token=tok-from-the-command-line"])
+        .env("RAO_TEST_TOKEN", "hunter2-secret-value")
+        .env("MY_API_TOKEN", "leaky-credential-42")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(out.contains("\"instance\":\"a\"") && out.contains("\"event\":\"finished\""), "{out}");
+    assert!(out.contains("failing with ***"), "{out}");
+    let mut records = String::new();
+    for e in std::fs::read_dir(dir.path().join(".rao/store/runs/p")).unwrap() {
+        records.push_str(&std::fs::read_to_string(e.unwrap().path()).unwrap());
+    }
+    for secret in ["hunter2-secret-value", "leaky-credential-42", "tok-from-the-command-line"] {
+        assert!(!out.contains(secret), "{secret} in the events: {out}");
+        assert!(!records.contains(secret), "{secret} in a run record");
+    }
+    assert!(records.contains("params.api_token=<redacted>"), "{records}");
+    // The env placeholder is what the fingerprint sees: a new token value is no cache miss.
+    let again = Command::new(env!("CARGO_BIN_EXE_rao"))
+        .args(["status", "p.yaml"])
+        .env("RAO_TEST_TOKEN", "another-value")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(text(&again).contains("done     a"), "{}", text(&again));
+}
+
+#[test]
+fn a_killed_run_is_recorded_as_interrupted_and_its_staging_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p.yaml");
+    std::fs::write(
+        &p,
+        "name: p\nstages:\n  slow: {kind: shell, params: {command: 'echo started > ${outputs.o}/v; sleep 30'}, outputs: [o]}\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rao")).args(["run", "p.yaml"]).current_dir(dir.path()).spawn().unwrap();
+    let staging = dir.path().join(".rao/store/staging");
+    let t0 = Instant::now();
+    while std::fs::read_dir(&staging).map(|d| d.count()).unwrap_or(0) == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the stage never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let records = |d: &Path| -> Vec<serde_json::Value> {
+        std::fs::read_dir(d.join(".rao/store/runs/p"))
+            .unwrap()
+            .map(|e| serde_json::from_slice(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())
+            .collect()
+    };
+    assert!(records(dir.path()).iter().any(|r| r["status"] == "running"));
+    // The next run (here: of a quick pipeline under the same name) closes the dead one.
+    std::fs::write(&p, "name: p\nstages:\n  quick: {kind: shell, params: {command: 'echo x > ${outputs.o}/v'}, outputs: [o]}\n").unwrap();
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("recorded as interrupted"), "{}", text(&o));
+    let statuses: Vec<String> = records(dir.path()).iter().map(|r| r["status"].as_str().unwrap().to_string()).collect();
+    assert!(statuses.contains(&"interrupted".to_string()) && !statuses.contains(&"running".to_string()), "{statuses:?}");
+    assert_eq!(std::fs::read_dir(&staging).unwrap().count(), 0, "staging of the dead run is left");
+}
+
+#[test]
+fn read_only_commands_create_nothing_and_store_paths_are_taken_from_the_current_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("pipelines");
+    std::fs::create_dir(&sub).unwrap();
+    chain(&sub);
+    for cmd in [&["status", "pipelines/p.yaml"][..], &["plan", "pipelines/p.yaml"], &["report", "pipelines/p.yaml"]] {
+        let o = rao(cmd, dir.path());
+        assert!(o.status.success(), "{cmd:?}: {}", text(&o));
+    }
+    assert!(!sub.join(".rao").exists(), "a read-only command created the store");
+    let o = rao(&["run", "pipelines/p.yaml", "--store", "here"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(dir.path().join("here/objects").is_dir(), "--store is relative to the current directory");
+    assert!(!sub.join("here").exists());
+    // A store that refuses run records (here `runs/p` is a file, not a folder) does not fail a
+    // fully cached run: the record is bookkeeping.
+    std::fs::remove_dir_all(dir.path().join("here/runs")).unwrap();
+    std::fs::write(dir.path().join("here/runs"), "not a folder").unwrap();
+    let o = rao(&["run", "pipelines/p.yaml", "--store", "here"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("cannot write the run record"), "{}", text(&o));
+    assert_eq!(text(&o).matches("os error").count(), text(&o).lines().filter(|l| l.contains("os error")).count());
+}
