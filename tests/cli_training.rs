@@ -41,7 +41,9 @@ const SHRINK: &[&str] = &[
     "params.model.d_ff=64",
 ];
 
-fn file_hashes(store: &Path, name: &str) -> Vec<(String, String)> {
+/// Every file called `name` in a store: (path with the attempt directory as `*`, real path).
+/// Attempt ids differ between stores; fingerprints and contents must not.
+fn files_named(store: &Path, name: &str) -> Vec<(String, std::path::PathBuf)> {
     let mut out = Vec::new();
     let mut stack = vec![store.join("objects")];
     while let Some(d) = stack.pop() {
@@ -50,18 +52,19 @@ fn file_hashes(store: &Path, name: &str) -> Vec<(String, String)> {
             if p.is_dir() {
                 stack.push(p);
             } else if p.file_name().unwrap() == name {
-                // objects/ff/FP/ATTEMPT/…: attempt ids differ between stores, fingerprints do not.
+                // objects/ff/FP/ATTEMPT/output/file
                 let rel = p.strip_prefix(store).unwrap().display().to_string();
                 let parts: Vec<&str> = rel.split('/').collect();
-                out.push((
-                    [parts[..3].join("/"), parts[4..].join("/")].join("/*/"),
-                    blake3::hash(&std::fs::read(&p).unwrap()).to_hex().to_string(),
-                ));
+                out.push(([parts[..3].join("/"), parts[4..].join("/")].join("/*/"), p));
             }
         }
     }
     out.sort();
     out
+}
+
+fn file_hashes(store: &Path, name: &str) -> Vec<(String, String)> {
+    files_named(store, name).into_iter().map(|(k, p)| (k, blake3::hash(&std::fs::read(p).unwrap()).to_hex().to_string())).collect()
 }
 
 #[test]
@@ -81,10 +84,10 @@ fn two_runs_from_scratch_give_identical_checkpoints_and_metrics() {
     assert_eq!(params, file_hashes(&stores[1], "model.bpk"), "bit-identical checkpoints");
     // Every evaluation number but wall-clock time, and every training metric, agree.
     let summaries = |store: &Path| -> Vec<serde_json::Value> {
-        file_hashes(store, "summary.json")
+        files_named(store, "summary.json")
             .iter()
-            .map(|(rel, _)| {
-                let mut rows: serde_json::Value = serde_json::from_slice(&std::fs::read(store.join(rel)).unwrap()).unwrap();
+            .map(|(_, path)| {
+                let mut rows: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
                 for r in rows.as_array_mut().unwrap() {
                     r.as_object_mut().unwrap().remove("seconds_per_task");
                 }
@@ -302,7 +305,7 @@ stages:
     let fp = idx["fingerprint"].as_str().unwrap();
     let object = dir.path().join(format!("s/objects/{}/{fp}", &fp[..2]));
     let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(object.join("MANIFEST.json")).unwrap()).unwrap();
-    let log = std::fs::read_to_string(object.join("out/checkpoint/warmstart.log")).unwrap();
+    let log = std::fs::read_to_string(object.join(manifest["attempt"].as_str().unwrap()).join("checkpoint/warmstart.log")).unwrap();
     let checks: Vec<(u64, f64)> = log
         .lines()
         .filter(|l| l.starts_with("step "))

@@ -62,15 +62,28 @@ impl StageKind for Shell {
         let mut h = blake3::Hasher::new();
         for dep in &p.deps {
             let path = base_dir.join(dep);
-            let bytes = std::fs::read(&path).map_err(|e| format!("shell dependency `{dep}` ({}) cannot be read: {e}", path.display()))?;
+            h.update(&(dep.len() as u64).to_le_bytes());
             h.update(dep.as_bytes());
-            h.update(blake3::hash(&bytes).as_bytes());
+            h.update(hash_dep(&path).map_err(|e| format!("shell dependency `{dep}` ({}): {e}", path.display()))?.as_bytes());
         }
         Ok(if p.deps.is_empty() { String::new() } else { h.finalize().to_hex().to_string() })
     }
     fn run(&self, ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>> {
         async move { run_shell(ctx).await }.boxed()
     }
+}
+
+/// The content hash of a file a command reads: a regular file only (a pipe would block, a device
+/// never end), streamed so its size does not matter to memory.
+fn hash_dep(path: &Path) -> Result<blake3::Hash, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot be read: {e}"))?;
+    if !meta.is_file() {
+        return Err("is not a regular file (list files, not folders, pipes or devices, under `deps`)".into());
+    }
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let mut h = blake3::Hasher::new();
+    h.update_reader(file).map_err(|e| format!("cannot be read: {e}"))?;
+    Ok(h.finalize())
 }
 
 fn env_name(prefix: &str, name: &str) -> String {

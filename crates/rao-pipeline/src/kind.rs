@@ -90,11 +90,17 @@ pub fn parse_typed<P: DeserializeOwned + schemars::JsonSchema>(params: &Value) -
             let first = path.split(['.', '[']).next().unwrap_or("").to_string();
             (!first.is_empty() && first != "?").then_some(first)
         });
+        let missing = inner.strip_prefix("missing field `").and_then(|r| r.split('`').next()).map(str::to_string);
         let help = unknown.as_ref().and_then(|u| {
             let schema = schemars::schema_for!(P);
             let names: Vec<String> =
                 schema.get("properties").and_then(|p| p.as_object()).map(|o| o.keys().cloned().collect()).unwrap_or_default();
             crate::diag::did_you_mean(u, names.iter().map(|s| s.as_str()))
+        });
+        let help = help.or_else(|| match &missing {
+            Some(m) => Some(format!("add `{m}:` to the stage's params")),
+            None if inner.starts_with("invalid") => Some("change the value to the expected type".into()),
+            None => None,
         });
         let message = if path.is_empty() || path == "." || unknown.is_some() {
             format!("params: {inner}")

@@ -2,20 +2,24 @@
 //! instances that run concurrently, cached by content in an object store, and resume after a crash.
 
 pub mod builtin;
+pub mod check;
 pub mod compile;
 pub mod dataset;
 pub mod diag;
 pub mod events;
 pub mod exec;
 pub mod executor;
+pub mod expand;
 pub mod fingerprint;
 pub mod integrity;
 pub mod kind;
 pub mod layout;
 pub mod lease;
+pub mod lower;
 pub mod maintenance;
 pub mod manifest;
 pub mod overrides;
+pub mod parse;
 pub mod plan;
 pub mod publish;
 pub mod ray;
@@ -26,6 +30,7 @@ pub mod secrets;
 pub mod snapshot;
 pub mod spec;
 pub mod store;
+pub mod subst;
 
 pub use compile::{Compiled, compile_str, load};
 pub use diag::Diagnostics;

@@ -9,9 +9,11 @@ use serde_json::Value;
 use crate::diag::{Diagnostic, did_you_mean};
 use crate::spec::{Duration, OrderedMap, PipelineFile, Pos, Sp, StageSpec};
 
+const PATHS_HELP: &str = "`--set PATH=VALUE` takes seed, store, name, params.NAME[.SUB…], stages.STAGE.params.NAME[.SUB…], stages.STAGE.retries, stages.STAGE.timeout or stages.LOOP.loop.max_iterations";
+
 pub fn apply(spec: &mut PipelineFile, overrides: &[String]) -> Result<(), Diagnostic> {
     for o in overrides {
-        apply_one(spec, o).map_err(|msg| Diagnostic::new(Pos::NONE, format!("--set {o}: {msg}")))?;
+        apply_one(spec, o).map_err(|msg| Diagnostic::new(Pos::NONE, format!("--set {o}: {msg}")).help(PATHS_HELP))?;
     }
     Ok(())
 }
@@ -41,11 +43,11 @@ fn apply_one(spec: &mut PipelineFile, o: &str) -> Result<(), String> {
             })?;
             match rest {
                 ["params", p @ ..] if !p.is_empty() => set_param(&mut s.params, p, value)?,
-                ["retries"] => s.retries = Some(Sp::synthetic(value.as_u64().ok_or("retries must be an integer")? as u32)),
+                ["retries"] => s.retries = Some(Sp::synthetic(small_int(&value, "retries", crate::check::MAX_RETRIES)?)),
                 ["timeout"] => s.timeout = Some(Sp::synthetic(Duration::parse(raw)?)),
                 ["loop", "max_iterations"] => {
                     let l = s.loop_.as_mut().ok_or_else(|| format!("stage `{stage}` is not a loop"))?;
-                    l.max_iterations = Sp::synthetic(value.as_u64().ok_or("max_iterations must be an integer")? as u32);
+                    l.max_iterations = Sp::synthetic(small_int(&value, "max_iterations", u32::MAX)?);
                 }
                 _ => return Err("can set params.NAME, retries, timeout or loop.max_iterations of a stage".into()),
             }
@@ -53,6 +55,15 @@ fn apply_one(spec: &mut PipelineFile, o: &str) -> Result<(), String> {
         _ => return Err("unknown path; use seed, store, params.NAME or stages.STAGE.params.NAME".into()),
     }
     Ok(())
+}
+
+/// A non-negative integer no larger than `max` (never wrapped).
+fn small_int(value: &Value, what: &str, max: u32) -> Result<u32, String> {
+    value
+        .as_u64()
+        .and_then(|v| u32::try_from(v).ok())
+        .filter(|v| *v <= max)
+        .ok_or_else(|| format!("{what} must be an integer from 0 to {max}, not `{value}`"))
 }
 
 fn all_stage_names(stages: &OrderedMap<StageSpec>) -> Vec<String> {

@@ -94,6 +94,9 @@ impl<V> OrderedMap<V> {
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.entries.iter().map(|(k, _)| k.value.as_str())
     }
+    pub fn keys_sp(&self) -> impl Iterator<Item = &Sp<String>> {
+        self.entries.iter().map(|(k, _)| k)
+    }
     pub fn iter(&self) -> impl Iterator<Item = (&Sp<String>, &V)> {
         self.entries.iter().map(|(k, v)| (k, v))
     }
@@ -298,9 +301,11 @@ enum DurationSchema {
 impl Duration {
     pub fn parse(text: &str) -> Result<Self, String> {
         let t = text.trim();
-        let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
-            Some(i) => (&t[..i], &t[i..]),
-            None => (t, "s"),
+        // The unit is the trailing letters (`1e20` is a number of seconds, `1e20s` too).
+        let num = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        let unit = match &t[num.len()..] {
+            "" => "s",
+            u => u,
         };
         let n: f64 = num
             .trim()
@@ -316,7 +321,10 @@ impl Duration {
         if !(secs.is_finite() && secs > 0.0) {
             return Err(format!("duration `{text}` must be positive"));
         }
-        Ok(Duration(std::time::Duration::from_secs_f64(secs)))
+        if secs > crate::check::MAX_TIMEOUT_S {
+            return Err(format!("duration `{text}` is longer than a year; write a shorter one (e.g. `2h`)"));
+        }
+        std::time::Duration::try_from_secs_f64(secs).map(Duration).map_err(|_| format!("`{text}` is not a usable duration"))
     }
 }
 

@@ -1,0 +1,247 @@
+//! The spec lowered once into a typed form: each entry is a stage (with its kind resolved) or a
+//! loop (with its body), and every reference is parsed with its position. Structural problems
+//! are reported here; entries that have them are left out, so the checks and the expansion that
+//! follow work on well-formed data and never unwrap.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::diag::{Diagnostic, did_you_mean};
+use crate::kind::{Registry, StageKind};
+use crate::spec::{LoopSpec, PipelineFile, Pos, Sp, StageSpec, StopWhen};
+
+/// `STAGE.OUTPUT` (or `loop.VAR` inside a loop body) as written.
+#[derive(Debug, Clone)]
+pub struct Ref {
+    pub stage: String,
+    pub output: String,
+    pub pos: Pos,
+}
+
+impl Ref {
+    pub fn parse(text: &str, pos: Pos) -> Result<Ref, Diagnostic> {
+        match text.split_once('.') {
+            Some((stage, output)) if !stage.is_empty() && !output.is_empty() && !output.contains('.') => {
+                Ok(Ref { stage: stage.to_string(), output: output.to_string(), pos })
+            }
+            _ => Err(Diagnostic::new(pos, format!("`{text}` is not a reference")).help("write STAGE.OUTPUT, e.g. `synthesize.tasks`")),
+        }
+    }
+
+    pub fn is_loop_var(&self) -> bool {
+        self.stage == "loop"
+    }
+}
+
+pub struct Input {
+    pub name: Sp<String>,
+    pub refs: Vec<Ref>,
+}
+
+pub struct Stage<'a> {
+    pub name: &'a Sp<String>,
+    pub kind: Arc<dyn StageKind>,
+    pub spec: &'a StageSpec,
+    pub inputs: Vec<Input>,
+}
+
+impl Stage<'_> {
+    /// Output names this stage offers (fixed by its kind, or listed under `outputs:`).
+    pub fn outputs(&self) -> Vec<String> {
+        match self.kind.outputs() {
+            Some(fixed) => fixed.iter().map(|s| s.to_string()).collect(),
+            None => self.spec.outputs.iter().map(|o| o.value.clone()).collect(),
+        }
+    }
+}
+
+pub struct Carry {
+    pub var: Sp<String>,
+    pub stage: String,
+    pub output: String,
+    pub pos: Pos,
+}
+
+pub struct Stop {
+    pub stage: String,
+    pub metric: String,
+    pub when: StopWhen,
+}
+
+pub struct Loop<'a> {
+    pub name: &'a Sp<String>,
+    pub spec: &'a LoopSpec,
+    pub init: Vec<(Sp<String>, Ref)>,
+    pub carry: Vec<Carry>,
+    pub stop: Option<Stop>,
+    pub body: Vec<Stage<'a>>,
+}
+
+impl Loop<'_> {
+    pub fn carries(&self, var: &str) -> bool {
+        self.carry.iter().any(|c| c.var.value == var)
+    }
+    pub fn init_of(&self, var: &str) -> Option<&Ref> {
+        self.init.iter().find(|(v, _)| v.value == var).map(|(_, r)| r)
+    }
+    pub fn body_stage(&self, name: &str) -> Option<&Stage<'_>> {
+        self.body.iter().find(|s| s.name.value == name)
+    }
+}
+
+pub enum Entry<'a> {
+    Stage(Stage<'a>),
+    Loop(Loop<'a>),
+}
+
+impl<'a> Entry<'a> {
+    pub fn name(&self) -> &'a Sp<String> {
+        match self {
+            Entry::Stage(s) => s.name,
+            Entry::Loop(l) => l.name,
+        }
+    }
+}
+
+pub struct Lowered<'a> {
+    pub spec: &'a PipelineFile,
+    /// Top-level entries, in file order.
+    pub entries: Vec<Entry<'a>>,
+    /// Names of entries left out for structural errors (references to them are not reported
+    /// again).
+    pub broken: BTreeSet<String>,
+}
+
+impl<'a> Lowered<'a> {
+    pub fn entry(&self, name: &str) -> Option<&Entry<'a>> {
+        self.entries.iter().find(|e| e.name().value == name)
+    }
+}
+
+pub fn lower<'a>(spec: &'a PipelineFile, registry: &Registry, diags: &mut Vec<Diagnostic>) -> Lowered<'a> {
+    let mut out = Lowered { spec, entries: Vec::new(), broken: BTreeSet::new() };
+    for (name, s) in spec.stages.iter() {
+        let entry = match &s.loop_ {
+            Some(l) => lower_loop(name, s, l, registry, diags).map(Entry::Loop),
+            None => lower_stage(name, s, registry, diags).map(Entry::Stage),
+        };
+        match entry {
+            Some(e) => out.entries.push(e),
+            None => {
+                out.broken.insert(name.value.clone());
+                if s.loop_.is_some() {
+                    out.broken.extend(s.stages.keys().map(str::to_string));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn lower_stage<'a>(name: &'a Sp<String>, s: &'a StageSpec, registry: &Registry, diags: &mut Vec<Diagnostic>) -> Option<Stage<'a>> {
+    let Some(kind_name) = &s.kind else {
+        let known = registry.names().collect::<Vec<_>>().join(", ");
+        diags.push(
+            Diagnostic::new(name.pos, format!("stage `{}` has no `kind`", name.value)).help(format!("add `kind:` (one of: {known})")),
+        );
+        return None;
+    };
+    if !s.stages.is_empty() {
+        diags.push(
+            Diagnostic::new(name.pos, format!("stage `{}` has `stages` but no `loop`", name.value))
+                .help("add a `loop:` block or move the stages to the top level"),
+        );
+    }
+    let Some(kind) = registry.get(&kind_name.value).cloned() else {
+        let help = did_you_mean(&kind_name.value, registry.names())
+            .unwrap_or_else(|| format!("known kinds: {}", registry.names().collect::<Vec<_>>().join(", ")));
+        diags.push(Diagnostic::new(kind_name.pos, format!("unknown stage kind `{}`", kind_name.value)).help(help));
+        return None;
+    };
+    let mut inputs = Vec::new();
+    let mut ok = true;
+    for (iname, r) in s.inputs.iter() {
+        let mut refs = Vec::new();
+        for text in r.value.refs() {
+            match Ref::parse(text, r.pos) {
+                Ok(x) => refs.push(x),
+                Err(d) => {
+                    diags.push(d);
+                    ok = false;
+                }
+            }
+        }
+        inputs.push(Input { name: iname.clone(), refs });
+    }
+    ok.then_some(Stage { name, kind, spec: s, inputs })
+}
+
+fn lower_loop<'a>(
+    name: &'a Sp<String>,
+    s: &'a StageSpec,
+    l: &'a LoopSpec,
+    registry: &Registry,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<Loop<'a>> {
+    let before = diags.len();
+    if s.kind.is_some() {
+        diags.push(
+            Diagnostic::new(name.pos, format!("stage `{}` has both `kind` and `loop`", name.value))
+                .help("a loop's stages go under its `stages:` key; remove `kind`"),
+        );
+    }
+    if !(s.params.is_empty() && s.inputs.is_empty() && s.outputs.is_empty() && s.matrix.is_empty()) {
+        diags.push(
+            Diagnostic::new(name.pos, format!("loop `{}` takes only `loop` and `stages`", name.value))
+                .help("put params, inputs and outputs on the stages of its body"),
+        );
+    }
+    let mut init = Vec::new();
+    for (var, r) in l.init.iter() {
+        match Ref::parse(&r.value, r.pos) {
+            Ok(x) => init.push((var.clone(), x)),
+            Err(d) => diags.push(d),
+        }
+    }
+    let mut carry = Vec::new();
+    for (var, r) in l.carry.iter() {
+        match r.value.split_once('.') {
+            Some((stage, output)) if s.stages.get(stage).is_some() && !output.is_empty() => {
+                carry.push(Carry { var: var.clone(), stage: stage.to_string(), output: output.to_string(), pos: r.pos })
+            }
+            _ => diags.push(
+                Diagnostic::new(r.pos, format!("carry source `{}` is not an output of this loop's body", r.value))
+                    .help(format!("write BODYSTAGE.OUTPUT (body stages: {})", s.stages.keys().collect::<Vec<_>>().join(", "))),
+            ),
+        }
+    }
+    let stop = match &l.stop_when {
+        None => None,
+        Some(w) => match w.metric.value.split_once('.') {
+            Some((stage, metric)) if s.stages.get(stage).is_some() && !metric.is_empty() => {
+                Some(Stop { stage: stage.to_string(), metric: metric.to_string(), when: w.clone() })
+            }
+            _ => {
+                diags.push(
+                    Diagnostic::new(w.metric.pos, format!("stop metric `{}` must be BODYSTAGE.METRIC", w.metric.value))
+                        .help(format!("body stages: {}", s.stages.keys().collect::<Vec<_>>().join(", "))),
+                );
+                None
+            }
+        },
+    };
+    let mut body = Vec::new();
+    for (bname, b) in s.stages.iter() {
+        if b.loop_.is_some() {
+            diags.push(
+                Diagnostic::new(bname.pos, format!("loop `{}` is inside another loop; loops cannot nest", bname.value))
+                    .help("move its stages into the outer loop's body, or make it a top-level loop"),
+            );
+            continue;
+        }
+        if let Some(stage) = lower_stage(bname, b, registry, diags) {
+            body.push(stage);
+        }
+    }
+    (diags.len() == before).then_some(Loop { name, spec: l, init, carry, stop, body })
+}
