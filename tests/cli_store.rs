@@ -249,3 +249,44 @@ fn read_only_commands_create_nothing_and_store_paths_are_taken_from_the_current_
     assert!(text(&o).contains("cannot write the run record"), "{}", text(&o));
     assert_eq!(text(&o).matches("os error").count(), text(&o).lines().filter(|l| l.contains("os error")).count());
 }
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let target = to.join(p.file_name().unwrap());
+        if p.is_dir() { copy_dir(&p, &target) } else { std::fs::copy(&p, &target).map(|_| ()).unwrap() }
+    }
+}
+
+#[test]
+fn gc_lists_then_removes_leftovers_and_what_no_pipeline_references() {
+    let dir = tempfile::tempdir().unwrap();
+    chain(dir.path());
+    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    // Leftovers: an attempt no manifest names (a writer that lost the race) …
+    let a = object_dir(dir.path(), &fingerprint(dir.path(), "a"));
+    let attempt = output_file(dir.path(), &fingerprint(dir.path(), "a")).parent().unwrap().parent().unwrap().to_path_buf();
+    copy_dir(&attempt, &a.join("a-00000000000000ff"));
+    // … and an old version of the pipeline's objects (c's command changed since).
+    let old_c = fingerprint(dir.path(), "c");
+    let edited = std::fs::read_to_string(dir.path().join("p.yaml")).unwrap().replace("echo c >>", "echo c  >>");
+    std::fs::write(dir.path().join("p.yaml"), edited).unwrap();
+    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    assert_ne!(fingerprint(dir.path(), "c"), old_c);
+
+    let dry = rao(&["gc", "p.yaml"], dir.path());
+    assert!(dry.status.success(), "{}", text(&dry));
+    let listed = text(&dry);
+    assert!(listed.contains("would remove") && listed.contains("a-00000000000000ff") && listed.contains(&old_c), "{listed}");
+    assert!(a.join("a-00000000000000ff").exists(), "a dry run deleted something");
+    let del = rao(&["gc", "p.yaml", "--delete"], dir.path());
+    assert!(del.status.success(), "{}", text(&del));
+    assert!(!a.join("a-00000000000000ff").exists());
+    assert!(!object_dir(dir.path(), &old_c).exists());
+    // What the pipeline uses is intact and cached.
+    assert!(rao(&["verify", "p.yaml"], dir.path()).status.success());
+    let again = rao(&["run", "p.yaml"], dir.path());
+    assert!(text(&again).contains("3 cached") || text(&again).matches("cached").count() >= 3, "{}", text(&again));
+    assert_eq!(ran(dir.path()).lines().count(), 4, "nothing recomputed after gc: {}", ran(dir.path()));
+}

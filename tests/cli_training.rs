@@ -325,3 +325,71 @@ stages:
     assert!(log.contains(&format!("kept the checkpoint of step {latest_best}")), "{log}");
     assert_eq!(manifest["metrics"]["kept_step"].as_f64(), Some(latest_best as f64));
 }
+
+/// A warm start killed with `kill -9` at a random step resumes from its saved progress and ends
+/// with the same bits as one that never stopped.
+#[test]
+fn a_killed_warm_start_resumes_to_the_same_checkpoint() {
+    let pipeline = concat!(
+        r#"
+name: resume
+seed: 5
+params:
+  limits: {window: 64, max_depth: 0, max_children: 1, max_nodes: 1, step_budget: 4}
+stages:
+"#,
+        tier1_demo_and_gate_tasks!(),
+        r#"  warmstart:
+    kind: warmstart
+    inputs: {tasks: demo_tasks.tasks, gate_tasks: gate_tasks.tasks}
+    params:
+      model: {d_model: 32, n_layers: 2, n_heads: 4, d_ff: 64}
+      limits: "${params.limits}"
+      demos: {recursive_trees: 0, flat_trees: 2, delegate: 0.0, noise: 0.4}
+      max_steps: 240
+      eval_every: 60
+      batch: 32
+      gate: {min_node_success: 1.01, required: false, keep_best: true}
+"#
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("r.yaml"), pipeline).unwrap();
+    let run = |store: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rao"));
+        c.args(["run", "r.yaml", "--store", store]).current_dir(dir.path()).env("RAO_PROGRESS_EVERY_S", "0");
+        c
+    };
+    let o = run("whole").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let mut child = run("killed").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let progress = dir.path().join("killed/progress");
+    let t0 = std::time::Instant::now();
+    while std::fs::read_dir(&progress).map(|d| d.count()).unwrap_or(0) == 0 {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(300), "no progress was ever saved");
+        assert!(child.try_wait().unwrap().is_none(), "the warm start ended before it saved progress");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // A random moment after the first save: the kill lands at some step of some epoch.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    std::thread::sleep(std::time::Duration::from_millis(u64::from(nanos % 3000)));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let o = run("killed").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let whole = file_hashes(&dir.path().join("whole"), "model.bpk");
+    assert_eq!(whole.len(), 1);
+    assert_eq!(whole, file_hashes(&dir.path().join("killed"), "model.bpk"), "the resumed warm start ended elsewhere");
+    assert_eq!(file_hashes(&dir.path().join("whole"), "optim.bin"), file_hashes(&dir.path().join("killed"), "optim.bin"));
+    let idx: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("killed/index/resume/warmstart.json")).unwrap()).unwrap();
+    let fp = idx["fingerprint"].as_str().unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join(format!("killed/objects/{}/{fp}/MANIFEST.json", &fp[..2]))).unwrap())
+            .unwrap();
+    let resumed = manifest["metrics"]["resumed_at_step"].as_f64();
+    eprintln!("resumed at step {resumed:?}");
+    assert!(resumed.is_some_and(|s| s > 0.0), "the second run did not resume: {}", manifest["metrics"]);
+    assert!(!dir.path().join(format!("killed/progress/{fp}")).exists(), "progress is removed once published");
+}

@@ -2,8 +2,8 @@
 //! pyarrow, a browser) — without copying hashed store paths by hand.
 
 use anyhow::{Context, bail};
-use rao_pipeline::plan::{Row, State};
 use rao_pipeline::manifest::{self, Manifest};
+use rao_pipeline::plan::{Row, State};
 use rao_pipeline::store::object_dir;
 use rao_pipeline::{Compiled, Store};
 

@@ -165,6 +165,8 @@ pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool) ->
             let key = crate::layout::manifest_key(&fp);
             if delete {
                 store.delete(&key).await?;
+                // What is left of the object is empty folders (local stores).
+                store.delete_prefix(&format!("{}/", crate::layout::object_dir(&fp))).await?;
             }
             report.removed.push(key);
         }

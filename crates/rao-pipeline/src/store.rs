@@ -218,7 +218,16 @@ impl Store {
         }
     }
 
+    /// Delete every object under `prefix` (a local store removes the folder itself).
     pub async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
+        if let Some(path) = self.local_path(prefix.trim_end_matches('/')) {
+            return match std::fs::remove_dir_all(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => self.delete(prefix.trim_end_matches('/')).await,
+                Err(e) => Err(StoreError::io(prefix, &path, e)),
+            };
+        }
         for (key, _) in self.list(prefix).await? {
             self.delete(&key).await?;
         }

@@ -403,3 +403,80 @@ stages:
     assert_eq!(e[0].0, 3, "{e:?}");
     assert!(e[0].2.contains("stage `gone`") && e[0].2.contains("no object there"), "{e:?}");
 }
+
+/// Panics in its stage code.
+struct Panicking;
+impl rao_pipeline::StageKind for Panicking {
+    fn name(&self) -> &'static str {
+        "panicking"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn describe(&self) -> &'static str {
+        "test kind"
+    }
+    fn params_schema(&self) -> schemars::Schema {
+        schemars::json_schema!({"type": "object"})
+    }
+    fn check_params(&self, _: &serde_json::Value) -> Result<(), rao_pipeline::ParamError> {
+        Ok(())
+    }
+    fn inputs(&self) -> Option<&'static [rao_pipeline::InputDecl]> {
+        None
+    }
+    fn outputs(&self) -> Option<&'static [&'static str]> {
+        Some(&["o"])
+    }
+    fn run(&self, _ctx: rao_pipeline::StageContext) -> futures::future::BoxFuture<'static, anyhow::Result<()>> {
+        Box::pin(async move { panic!("index out of bounds in the stage") })
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_stage_fails_alone_and_the_run_record_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open("memory://", dir.path()).unwrap();
+    let mut registry = Registry::with_builtins();
+    registry.register(Arc::new(Panicking));
+    let text = "\
+name: x
+stages:
+  bad: {kind: panicking}
+  after: {kind: noop, inputs: {i: bad.o}}
+  other: {kind: shell, params: {command: 'sleep 0.2; echo ok > ${outputs.o}/f'}, outputs: [o]}
+";
+    let c = compile_str("p.yaml", text, dir.path(), &[], &registry).unwrap_or_else(|d| panic!("{d}"));
+    let exec = Arc::new(InProcess { registry: Arc::new(registry), store: store.clone(), reporter: Reporter::silent() });
+    let r = rao_pipeline::run(Arc::new(c), exec, &store, RunOptions { jobs: 2, ..Default::default() }).await.unwrap();
+    assert_eq!(status_of(&r, "bad"), &InstanceStatus::Failed);
+    let why = r.instances.iter().find(|i| i.name == "bad").unwrap().reason.clone().unwrap();
+    assert!(why.contains("panicked") && why.contains("index out of bounds"), "{why}");
+    assert_eq!(status_of(&r, "after"), &InstanceStatus::Skipped);
+    assert_eq!(status_of(&r, "other"), &InstanceStatus::Done);
+    assert_eq!(r.status, RunStatus::Failed);
+}
+
+#[test]
+fn fingerprints_hash_params_as_resolved_and_the_kinds_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let fp = |stage: &str| {
+        let c = compile(&format!("name: x\nstages:\n  a: {stage}\n"), dir.path()).unwrap_or_else(|d| panic!("{d}"));
+        let parts = c.fp_parts(0, |_| None, |_| None).unwrap();
+        (parts.fingerprint(), parts)
+    };
+    // A default written out is the same instance as one left out …
+    let (implicit, parts) = fp("{kind: shell, params: {command: 'echo hi > ${outputs.o}/f'}, outputs: [o]}");
+    let (explicit, _) = fp("{kind: shell, params: {command: 'echo hi > ${outputs.o}/f', deps: [], env: {}}, outputs: [o]}");
+    assert_eq!(implicit, explicit);
+    // … and a different value is not.
+    let (other, other_parts) = fp("{kind: shell, params: {command: 'echo hi > ${outputs.o}/f', env: {A: b}}, outputs: [o]}");
+    assert_ne!(implicit, other);
+    assert_eq!(other_parts.explain_change(&parts), vec!["params.env.A added (\"b\")".to_string()]);
+    // The kind's code is in it: another build of the kind's source is another fingerprint.
+    assert_eq!(parts.code.len(), 16, "shell has a build-time code version");
+    let mut changed = parts.clone();
+    changed.code = "0".repeat(16);
+    assert_ne!(changed.fingerprint(), implicit);
+    assert_eq!(changed.explain_change(&parts), vec!["code of kind shell changed".to_string()]);
+}

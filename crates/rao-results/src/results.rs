@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Context;
-use rao_pipeline::plan::State;
 use rao_pipeline::manifest::{self, Manifest};
+use rao_pipeline::plan::State;
 use rao_pipeline::{Compiled, Store};
 use rao_stages::evaluate::EvalRow;
 use serde::Serialize;

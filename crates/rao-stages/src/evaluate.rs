@@ -125,6 +125,9 @@ pub fn summarize(label: &str, mode: &str, band: &str, trees: &[&Vec<NodeRecord>]
 pub struct Evaluate;
 
 impl TypedStage for Evaluate {
+    fn check(p: &EvaluateParams, inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
+        crate::rollout::needs_checkpoint(p.policy, inputs).into_iter().collect()
+    }
     fn code() -> &'static str {
         crate::code::of("evaluate")
     }

@@ -29,6 +29,20 @@ pub enum PolicyKind {
     PacedExpert,
 }
 
+/// A policy that runs a model needs the model: caught by `rao validate`, before upstream work.
+pub fn needs_checkpoint(policy: PolicyKind, inputs: &[&str]) -> Option<rao_pipeline::ParamError> {
+    let name = match policy {
+        PolicyKind::Checkpoint => "checkpoint",
+        PolicyKind::PacedExpert => "paced_expert",
+        _ => return None,
+    };
+    (!inputs.contains(&"checkpoint")).then(|| rao_pipeline::ParamError {
+        key: Some("policy".into()),
+        message: format!("`policy: {name}` needs a `checkpoint` input"),
+        help: Some("add `checkpoint: STAGE.checkpoint` (e.g. `warmstart.checkpoint`) under `inputs`, or choose another policy".into()),
+    })
+}
+
 #[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
@@ -236,6 +250,20 @@ pub fn tree_metrics(trees: &[Vec<NodeRecord>]) -> Vec<(&'static str, f64)> {
 pub struct Rollout;
 
 impl TypedStage for Rollout {
+    fn check(p: &RolloutParams, inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
+        let mut out = Vec::new();
+        if let Some(Shard { index, count }) = p.shard {
+            if count == 0 || index >= count {
+                out.push(rao_pipeline::ParamError {
+                    key: Some("shard".into()),
+                    message: format!("shard index {index} is not below its count {count}"),
+                    help: Some("shards are numbered 0 to count − 1, e.g. `matrix: {shard: [0, 1, 2, 3]}` with `count: 4`".into()),
+                });
+            }
+        }
+        out.extend(needs_checkpoint(p.policy, inputs));
+        out
+    }
     fn code() -> &'static str {
         crate::code::of("rollout")
     }

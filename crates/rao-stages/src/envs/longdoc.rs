@@ -111,6 +111,24 @@ impl TypedStage for LongDocTasks {
     fn code() -> &'static str {
         crate::code::of("envs")
     }
+    fn check(p: &LongDocParams, _inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
+        let c = &p.config;
+        let bad = |message: String| rao_pipeline::ParamError { key: Some("config".into()), message, help: None };
+        let mut out = Vec::new();
+        if !(c.min_lines >= 1 && c.min_lines <= c.max_lines) {
+            out.push(rao_pipeline::ParamError {
+                help: Some("make `config.min_lines` at least 1 and at most `config.max_lines`".into()),
+                ..bad(format!("config: min_lines {} is not within 1..=max_lines ({})", c.min_lines, c.max_lines))
+            });
+        }
+        if c.max_lines >= 1000 {
+            out.push(rao_pipeline::ParamError {
+                help: Some("documents hold at most 999 lines (3-digit line numbers)".into()),
+                ..bad(format!("config: max_lines {} is too large", c.max_lines))
+            });
+        }
+        out
+    }
     type Params = LongDocParams;
     const NAME: &'static str = "longdoc_tasks";
     // 2: the episodes of these tasks changed (a `read` ends with the question), so everything
