@@ -241,6 +241,38 @@ fn shipped_pipelines_match_the_json_schema_and_broken_copies_fail_where_broken()
     assert!(variants >= 8 && pipelines >= 4, "{variants} variants, {pipelines} pipelines");
 }
 
+/// The main job's plan without a store: totals, a folded status, folded JSON, and a dot graph
+/// with the loop as one cluster that Graphviz lays out at once (not 1,000 instance nodes).
+#[test]
+fn plan_and_status_fold_loops_and_count() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let store = tempfile::tempdir().unwrap();
+    let p = root.join("pipelines/textcraft-synth.yaml");
+    let run = |args: &[&str]| -> String {
+        let mut all = args.to_vec();
+        all.extend([p.to_str().unwrap(), "--store", store.path().to_str().unwrap()]);
+        let o = rao(&all, &root);
+        assert!(o.status.success(), "{all:?}: {}", text(&o));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let plan = run(&["plan"]);
+    assert!(plan.ends_with("307 instances: 0 cached, 307 to run (307 missing)\n"), "{plan}");
+    let status = run(&["status", "--folded"]);
+    assert_eq!(status.lines().count(), 13, "one line per stage entry and the totals: {status}");
+    assert!(status.contains("missing  rollout                      ×60   0 done, 60 to run (60 missing)"), "{status}");
+    let folded: serde_json::Value = serde_json::from_str(&run(&["plan", "--format", "json", "--folded"])).unwrap();
+    let rollout = folded.as_array().unwrap().iter().find(|g| g["name"] == "rollout").unwrap();
+    assert_eq!((rollout["loop"].as_str(), rollout["instances"].as_u64(), rollout["missing"].as_u64()), (Some("train"), Some(60), Some(60)));
+    let dot = run(&["plan", "--format", "dot"]);
+    assert!(dot.lines().count() < 60, "{dot}");
+    assert!(
+        dot.contains("subgraph cluster_train") && dot.contains("rollout ×60 · will run") && dot.contains("fillcolor=\"#ffd8a8\""),
+        "{dot}"
+    );
+    let mermaid = run(&["plan", "--format", "mermaid"]);
+    assert!(mermaid.contains("subgraph loop_train") && mermaid.contains(":::run"), "{mermaid}");
+}
+
 /// `rao compare` reads the store: parameters that differ, every metric per pipeline with
 /// intervals and a significance mark, in markdown, CSV and JSON; what is missing is named with
 /// the command that produces it, and nothing runs.
@@ -332,13 +364,36 @@ fn evaluation_trees_have_unique_keys_and_join_to_their_parents_in_duckdb() {
             assert_eq!(modes["flat"]["children"], 0, "{f}");
         }
     }
-    // Inspect keeps the recursive and the flat tree of a task apart.
+    // Inspect keeps the recursive and the flat tree of a task apart, by file or by instance name.
     let o = rao(&["path", "t.yaml", "evaluate", "report/trees.parquet"], dir.path());
     let trees = String::from_utf8_lossy(&o.stdout).trim().to_string();
-    let shown = text(&rao(&["inspect", &trees, "--limit", "100"], dir.path()));
-    let headers: Vec<&str> = shown.lines().filter(|l| l.starts_with("task ")).collect();
-    assert_eq!(headers.len(), 2 * tasks * group, "{shown}");
-    assert_eq!(headers.iter().filter(|h| h.contains(" flat tree ")).count(), tasks * group, "{shown}");
+    let headers = |args: &[&str]| -> Vec<String> {
+        let o = rao(args, dir.path());
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with("task ")).map(str::to_string).collect()
+    };
+    let all = headers(&["inspect", &trees, "--limit", "100"]);
+    assert_eq!(all.len(), 2 * tasks * group, "{all:?}");
+    assert_eq!(all.iter().filter(|h| h.contains(" flat tree ")).count(), tasks * group, "{all:?}");
+    assert_eq!(headers(&["inspect", "t.yaml", "evaluate", "--limit", "100"]), all);
+    let flat = headers(&["inspect", "t.yaml", "evaluate", "--mode", "flat", "--band", "medium", "--limit", "100"]);
+    assert_eq!(flat.len(), 3 * group, "{flat:?}");
+    assert!(flat.iter().all(|h| h.contains(" flat tree ") && h.contains("(medium)")), "{flat:?}");
+    // The flat expert overflows on Medium tasks: every failed flat tree ran out of context.
+    let failed = headers(&["inspect", "t.yaml", "evaluate", "--mode", "flat", "--failed", "--limit", "100"]);
+    assert!(!failed.is_empty() && failed.iter().all(|h| !h.contains("root score 1 ")), "{failed:?}");
+    assert_eq!(headers(&["inspect", "t.yaml", "evaluate", "--mode", "flat", "--status", "context-overflow", "--limit", "100"]), failed);
+    for (args, says) in [
+        (vec!["inspect", "t.yaml", "evaluate", "--task", "nosuch"], "no tree of task `nosuch`"),
+        (vec!["inspect", "t.yaml", "evaluate", "--band", "hard"], "its bands: easy, medium"),
+        (vec!["inspect", "t.yaml"], "name the instance whose trees to print"),
+    ] {
+        let o = rao(&args, dir.path());
+        assert!(!o.status.success() && text(&o).contains(says), "{args:?}: {}", text(&o));
+    }
+    // An override no stage reads is named (the file has no `${params.…}` at all).
+    let o = rao(&["validate", "t.yaml", "--set", "params.window=64"], dir.path());
+    assert!(o.status.success() && text(&o).contains("warning: --set params.window=64: no stage reads"), "{}", text(&o));
     // Unknown instances and files are errors that name what exists.
     let o = rao(&["path", "t.yaml", "evaluat"], dir.path());
     assert!(!o.status.success() && text(&o).contains("did you mean `evaluate`?"), "{}", text(&o));

@@ -45,7 +45,16 @@ pub async fn finished(store: &Store, c: &Compiled, row: &Row) -> anyhow::Result<
 /// The local path (or store URL) of an instance's file, output directory or object directory.
 /// `file` is `OUTPUT/PATH` or a bare file name looked up in every output.
 pub fn locate(store: &Store, m: &Manifest, file: Option<&str>) -> anyhow::Result<String> {
-    let key = match file {
+    let key = key(m, file)?;
+    Ok(match store.local_path(&key) {
+        Some(p) => p.display().to_string(),
+        None => format!("{}/{key}", store.url().trim_end_matches('/')),
+    })
+}
+
+/// The store key of what [`locate`] finds.
+pub fn key(m: &Manifest, file: Option<&str>) -> anyhow::Result<String> {
+    Ok(match file {
         None if m.outputs.len() == 1 => m.output_prefix(m.outputs.keys().next().expect("one output")),
         None => object_dir(&m.fingerprint),
         Some(f) => {
@@ -69,9 +78,5 @@ pub fn locate(store: &Store, m: &Manifest, file: Option<&str>) -> anyhow::Result
                 many => bail!("`{f}` names several files of `{}`: {}; write OUTPUT/FILE", m.instance, many.join(", ")),
             }
         }
-    };
-    Ok(match store.local_path(&key) {
-        Some(p) => p.display().to_string(),
-        None => format!("{}/{key}", store.url().trim_end_matches('/')),
     })
 }

@@ -37,6 +37,19 @@ enum Format {
 }
 
 #[derive(Copy, Clone, ValueEnum)]
+enum ModeArg {
+    Recursive,
+    Flat,
+}
+
+#[derive(Copy, Clone, ValueEnum)]
+enum StatusArg {
+    Finished,
+    StepBudget,
+    ContextOverflow,
+}
+
+#[derive(Copy, Clone, ValueEnum)]
 enum CompareFormat {
     Markdown,
     Csv,
@@ -104,12 +117,15 @@ enum Command {
         #[arg(long, value_name = "URL")]
         track: Vec<String>,
     },
-    /// Per stage instance: done, stale or missing, with the reason.
+    /// Per stage instance: done, stale or missing, with the reason; then the totals.
     Status {
         #[command(flatten)]
         p: PipelineArgs,
         #[arg(long)]
         json: bool,
+        /// One line per stage entry (loops and matrices folded) with its counts.
+        #[arg(long)]
+        folded: bool,
     },
     /// Run one stage instance by itself (what remote executors call). Its inputs must be done.
     Exec {
@@ -153,15 +169,32 @@ enum Command {
     },
     /// Print execution trees: goals, actions, receipts and scores, indented by depth.
     Inspect {
-        /// A trees Parquet file (a path, or a key inside --store).
+        /// A trees Parquet file (a path, or a key inside --store), or a pipeline file followed by
+        /// a stage instance (`rao inspect P evaluate`, `rao inspect P rollout@60`).
         trees: String,
-        /// Read TREES from this store (URL or path) instead of the local filesystem.
+        /// With a pipeline file: the instance whose trees to print (a stage name: its last one).
+        instance: Option<String>,
+        /// With a pipeline file: overrides, as for `run`.
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
+        /// Read from this store (URL or path) instead of the local filesystem / the file's store.
         #[arg(long)]
         store: Option<String>,
         #[arg(long)]
         task: Option<String>,
         #[arg(long)]
         group: Option<i32>,
+        #[arg(long, value_enum)]
+        mode: Option<ModeArg>,
+        /// A report group: `easy`, `160-239 lines`, `3 hops`, …
+        #[arg(long)]
+        band: Option<String>,
+        /// Trees with a node that ended this way.
+        #[arg(long, value_enum)]
+        status: Option<StatusArg>,
+        /// Only trees whose root did not fully succeed.
+        #[arg(long)]
+        failed: bool,
         /// Trees to print.
         #[arg(long, default_value_t = 3)]
         limit: usize,
@@ -347,7 +380,7 @@ async fn compare_arm(
         let mut overrides = set.to_vec();
         overrides.extend(seed.map(|s| format!("seed={s}")));
         let p = PipelineArgs { pipeline: file.to_path_buf(), set: overrides, store: store.map(str::to_string) };
-        let (c, st) = load(&p, registry)?;
+        let (c, st) = load_read_only(&p, registry)?;
         let (evaluations, missing) = rao_results::results::evaluations(&c, &st).await?;
         if resolved.is_null() {
             (name, resolved) = (c.name.clone(), c.resolved.clone());
@@ -376,6 +409,9 @@ fn cli_store_url(s: &str) -> anyhow::Result<String> {
 /// Compile a pipeline and open its store (`read_only`: a missing local store is not created).
 fn load_with(p: &PipelineArgs, registry: &Registry, read_only: bool) -> anyhow::Result<(Compiled, Store)> {
     let mut c = rao_pipeline::load(&p.pipeline, &p.set, registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+    for w in rao_pipeline::overrides::unused_params(&c.resolved, &p.set) {
+        eprintln!("warning: {w}");
+    }
     if let Some(s) = &p.store {
         c.store_url = cli_store_url(s)?;
     }
@@ -415,6 +451,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Validate { p } => {
             let c = rao_pipeline::load(&p.pipeline, &p.set, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+            for w in rao_pipeline::overrides::unused_params(&c.resolved, &p.set) {
+                eprintln!("warning: {w}");
+            }
             println!("{}: ok ({} stage instances, {} loops)", p.pipeline.display(), c.instances.len(), c.loops.len());
         }
         Command::Plan { p, format, folded } => {
@@ -424,17 +463,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 Format::Text => rao_pipeline::plan::render_text(&c, &rows, folded),
                 Format::Dot => rao_pipeline::plan::render_dot(&c, &rows, folded),
                 Format::Mermaid => rao_pipeline::plan::render_mermaid(&c, &rows, folded),
+                Format::Json if folded => serde_json::to_string_pretty(&rao_pipeline::plan::folded_json(&c, &rows))? + "\n",
                 Format::Json => serde_json::to_string_pretty(&rows)? + "\n",
             };
             print!("{out}");
         }
-        Command::Status { p, json } => {
+        Command::Status { p, json, folded } => {
             let (c, store) = load_read_only(&p, &registry)?;
             let rows = rao_pipeline::plan::rows(&c, &store).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-            } else {
-                print!("{}", rao_pipeline::plan::render_status(&rows));
+            match (json, folded) {
+                (true, true) => println!("{}", serde_json::to_string_pretty(&rao_pipeline::plan::folded_json(&c, &rows))?),
+                (true, false) => println!("{}", serde_json::to_string_pretty(&rows)?),
+                (false, _) => print!("{}", rao_pipeline::plan::render_status(&c, &rows, folded)),
             }
         }
         Command::Run { p, jobs, gpus, force, from, only, json, executor, ray_address, track } => {
@@ -472,13 +512,46 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&m)?);
             }
         }
-        Command::Inspect { trees, store, task, group, limit } => {
-            let bytes = match store {
-                Some(url) => Store::open(&url, std::path::Path::new("."))?.get(&trees).await?,
-                None => bytes::Bytes::from(std::fs::read(&trees).map_err(|e| anyhow::anyhow!("cannot read {trees}: {e}"))?),
+        Command::Inspect { trees, instance, set, store, task, group, mode, band, status, failed, limit } => {
+            let bytes = match instance {
+                Some(instance) => {
+                    let p = PipelineArgs { pipeline: PathBuf::from(&trees), set, store };
+                    let (c, store) = load_read_only(&p, &registry)?;
+                    let rows = rao_pipeline::plan::rows(&c, &store).await?;
+                    let row = artifacts::find_instance(&rows, &instance)?;
+                    let manifest = artifacts::finished(&store, &c, row).await?;
+                    store.get(&artifacts::key(&manifest, Some("trees.parquet"))?).await?
+                }
+                None if trees.ends_with(".yaml") || trees.ends_with(".yml") => {
+                    anyhow::bail!(
+                        "`{trees}` is a pipeline file: name the instance whose trees to print, e.g. `rao inspect {trees} evaluate`"
+                    )
+                }
+                None => match store {
+                    Some(url) => Store::open(&url, std::path::Path::new("."))?.get(&trees).await?,
+                    None => bytes::Bytes::from(std::fs::read(&trees).map_err(|e| anyhow::anyhow!("cannot read {trees}: {e}"))?),
+                },
             };
             let nodes = rao_core::parquet_io::nodes_from_parquet(bytes)?;
-            print!("{}", rao_stages::inspect::render(&nodes, task.as_deref(), group, limit));
+            let filter = rao_stages::inspect::Filter {
+                task,
+                group,
+                mode: mode.map(|m| match m {
+                    ModeArg::Recursive => "recursive".to_string(),
+                    ModeArg::Flat => "flat".to_string(),
+                }),
+                band,
+                status: status.map(|s| {
+                    match s {
+                        StatusArg::Finished => rao_core::tree::status::FINISHED,
+                        StatusArg::StepBudget => rao_core::tree::status::STEP_BUDGET,
+                        StatusArg::ContextOverflow => rao_core::tree::status::CONTEXT_OVERFLOW,
+                    }
+                    .to_string()
+                }),
+                failed,
+            };
+            print!("{}", rao_stages::inspect::render(&nodes, &filter, limit).map_err(anyhow::Error::msg)?);
         }
         Command::Report { p, run, html, track } => {
             let (c, store) = load_read_only(&p, &registry)?;
@@ -539,7 +612,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Path { p, instance, file } => {
-            let (c, store) = load(&p, &registry)?;
+            let (c, store) = load_read_only(&p, &registry)?;
             let rows = rao_pipeline::plan::rows(&c, &store).await?;
             let row = artifacts::find_instance(&rows, &instance)?;
             let manifest = artifacts::finished(&store, &c, row).await?;

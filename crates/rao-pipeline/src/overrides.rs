@@ -100,3 +100,55 @@ fn set_param(params: &mut OrderedMap<Sp<Value>>, path: &[&str], value: Value) ->
     }
     Ok(())
 }
+
+/// `--set params.NAME…` overrides that no stage reads: neither `${params.NAME…}` itself nor a
+/// `${params.…}` above it appears in any stage of `resolved` (the pipeline after overrides), so
+/// the override changes nothing. Returns a warning per such override.
+pub fn unused_params(resolved: &Value, overrides: &[String]) -> Vec<String> {
+    let mut refs = Vec::new();
+    collect_refs(&resolved["stages"], &mut refs);
+    overrides
+        .iter()
+        .filter_map(|o| {
+            let path = o.split_once('=')?.0.strip_prefix("params.")?;
+            let parts: Vec<&str> = path.split('.').collect();
+            // Used if a stage reads this path, a path above it, or a path below it.
+            let used = refs.iter().any(|r: &String| {
+                let r: Vec<&str> = r.split('.').collect();
+                let n = r.len().min(parts.len());
+                r[..n] == parts[..n]
+            });
+            (!used).then(|| format!("--set {o}: no stage reads `${{params.{path}}}`, so it changes nothing"))
+        })
+        .collect()
+}
+
+fn collect_refs(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => {
+            for piece in s.split("${params.").skip(1) {
+                if let Some(end) = piece.find('}') {
+                    out.push(piece[..end].to_string());
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| collect_refs(x, out)),
+        Value::Object(m) => m.values().for_each(|x| collect_refs(x, out)),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn an_override_of_a_param_no_stage_reads_is_reported() {
+        let resolved = json!({"params": {"window": 96, "limits": {"depth": 2}, "lr": 0.1},
+            "stages": {"a": {"params": {"w": "${params.window}", "l": "${params.limits}", "loop": {"stages": {"b": {"params": {"x": "id ${params.lr}"}}}}}}}});
+        let sets = ["params.window=64", "params.limits.depth=3", "params.lr=0.2", "params.unused=1", "seed=2"].map(String::from);
+        let w = super::unused_params(&resolved, &sets);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("--set params.unused=1: no stage reads `${params.unused}`"), "{w:?}");
+    }
+}

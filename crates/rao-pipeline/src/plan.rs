@@ -76,98 +76,258 @@ fn label(s: &State) -> &'static str {
     }
 }
 
-/// Text plan: one line per instance (or per stage entry when `folded`).
+/// How many instances are in each state.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Counts {
+    pub instances: usize,
+    pub cached: usize,
+    pub stale: usize,
+    pub missing: usize,
+    pub waiting: usize,
+    pub skipped: usize,
+}
+
+impl Counts {
+    fn add(&mut self, s: &State) {
+        self.instances += 1;
+        match s {
+            State::Done => self.cached += 1,
+            State::Stale => self.stale += 1,
+            State::Missing => self.missing += 1,
+            State::Waiting => self.waiting += 1,
+            State::Skipped => self.skipped += 1,
+        }
+    }
+    pub fn to_run(&self) -> usize {
+        self.stale + self.missing + self.waiting
+    }
+    pub fn of<'a>(rows: impl IntoIterator<Item = &'a Row>) -> Counts {
+        let mut c = Counts::default();
+        rows.into_iter().for_each(|r| c.add(&r.state));
+        c
+    }
+    /// `308 instances: 300 cached, 8 to run (5 stale, 3 missing)`.
+    pub fn summary(&self, done_word: &str) -> String {
+        let mut parts = vec![format!("{} {done_word}", self.cached)];
+        let why: Vec<String> = [(self.stale, "stale"), (self.missing, "missing"), (self.waiting, "waiting for a loop")]
+            .iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, w)| format!("{n} {w}"))
+            .collect();
+        if self.to_run() > 0 {
+            parts.push(format!("{} to run ({})", self.to_run(), why.join(", ")));
+        }
+        if self.skipped > 0 {
+            parts.push(format!("{} skipped", self.skipped));
+        }
+        format!("{} instances: {}", self.instances, parts.join(", "))
+    }
+}
+
+/// One node of a folded view: a stage entry's instances (its matrix and, in a loop, its
+/// iterations) or, unfolded, one instance — except loop bodies, always folded over iterations.
+#[derive(Debug, Clone, Serialize)]
+pub struct Group {
+    pub name: String,
+    pub kind: String,
+    /// The loop this stage is the body of.
+    #[serde(rename = "loop", skip_serializing_if = "Option::is_none")]
+    pub loop_name: Option<String>,
+    #[serde(flatten)]
+    pub counts: Counts,
+    #[serde(skip)]
+    members: Vec<usize>,
+}
+
+/// The groups of a view, in dependency order, and each instance's group.
+fn groups(c: &Compiled, rows: &[Row], fold_all: bool) -> (Vec<Group>, Vec<usize>) {
+    let state: std::collections::HashMap<&str, &State> = rows.iter().map(|r| (r.instance.as_str(), &r.state)).collect();
+    let mut out: Vec<Group> = Vec::new();
+    let mut of = vec![0; c.instances.len()];
+    for &i in &c.order {
+        let inst = &c.instances[i];
+        let loop_name = inst.iteration.map(|(l, _)| c.loops[l].name.clone());
+        let name = if fold_all || loop_name.is_some() { inst.stage.clone() } else { inst.name.clone() };
+        let g = match out.iter().position(|g| g.name == name) {
+            Some(g) => g,
+            None => {
+                out.push(Group { name, kind: inst.kind.clone(), loop_name, counts: Counts::default(), members: vec![] });
+                out.len() - 1
+            }
+        };
+        out[g].members.push(i);
+        if let Some(s) = state.get(inst.name.as_str()) {
+            out[g].counts.add(s);
+        }
+        of[i] = g;
+    }
+    (out, of)
+}
+
+/// Edges between groups (deduplicated, no self-loops).
+fn group_edges(c: &Compiled, of: &[usize]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for e in c.graph.raw_edges() {
+        let (a, b) = (of[e.source().index()], of[e.target().index()]);
+        if a != b && !out.contains(&(a, b)) {
+            out.push((a, b));
+        }
+    }
+    out
+}
+
+/// Text plan: one line per instance (or per stage entry when `folded`), then the totals.
 pub fn render_text(c: &Compiled, rows: &[Row], folded: bool) -> String {
     let mut s = format!("pipeline `{}` ({} stage instances)\n", c.name, rows.len());
     if folded {
-        for (stage, idx) in &c.stages {
-            let names: std::collections::HashSet<&str> = idx.iter().map(|&i| c.instances[i].name.as_str()).collect();
-            let mine: Vec<&Row> = rows.iter().filter(|r| names.contains(r.instance.as_str())).collect();
-            let cached = mine.iter().filter(|r| r.state == State::Done).count();
-            let kind = mine.first().map(|r| r.kind.as_str()).unwrap_or("?");
-            s.push_str(&format!("  {stage:<28} {kind:<12} ×{:<4} {cached} cached, {} to run\n", mine.len(), mine.len() - cached));
+        for g in groups(c, rows, true).0 {
+            let n = &g.counts;
+            s.push_str(&format!("  {:<28} {:<12} ×{:<4} {} cached, {} to run\n", g.name, g.kind, n.instances, n.cached, n.to_run()));
         }
-        return s;
+    } else {
+        for r in rows {
+            let why = if r.reasons.is_empty() { String::new() } else { format!("  ({})", r.reasons.join("; ")) };
+            s.push_str(&format!("  {:<9} {:<32} {:<12}{why}\n", label(&r.state), r.instance, r.kind));
+        }
     }
-    for r in rows {
-        let why = if r.reasons.is_empty() { String::new() } else { format!("  ({})", r.reasons.join("; ")) };
-        s.push_str(&format!("  {:<9} {:<32} {:<12}{why}\n", label(&r.state), r.instance, r.kind));
-    }
+    s.push_str(&Counts::of(rows).summary("cached"));
+    s.push('\n');
     s
+}
+
+/// Folded JSON: one object per stage entry with its counts.
+pub fn folded_json(c: &Compiled, rows: &[Row]) -> Vec<Group> {
+    groups(c, rows, true).0
 }
 
 fn node_id(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
 }
 
-/// Graphviz dot. Folded: one node per stage entry.
-pub fn render_dot(c: &Compiled, rows: &[Row], folded: bool) -> String {
-    let mut s = format!("digraph \"{}\" {{\n  rankdir=LR;\n  node [shape=box, style=rounded];\n", c.name);
-    for (a, b, la, lb) in edges(c, rows, folded) {
-        let _ = (&la, &lb);
-        s.push_str(&format!("  {} -> {};\n", node_id(&a), node_id(&b)));
+/// Fill colour of a group: all cached, some to run, all skipped.
+fn colour(n: &Counts) -> &'static str {
+    if n.to_run() > 0 {
+        "#ffd8a8"
+    } else if n.cached == 0 && n.skipped > 0 {
+        "#e0e0e0"
+    } else {
+        "#c8ecc8"
     }
-    for (name, lab) in nodes(c, rows, folded) {
-        s.push_str(&format!("  {} [label=\"{name}\\n{lab}\"];\n", node_id(&name)));
+}
+
+fn group_label(g: &Group) -> String {
+    let n = &g.counts;
+    let times = if g.members.len() > 1 { format!(" ×{}", g.members.len()) } else { String::new() };
+    let state = match (n.cached, n.to_run(), n.skipped) {
+        (_, 0, 0) => "cached".to_string(),
+        (0, _, 0) => "will run".to_string(),
+        (c, r, k) => [(c, "cached"), (r, "to run"), (k, "skipped")]
+            .iter()
+            .filter(|(x, _)| *x > 0)
+            .map(|(x, w)| format!("{x} {w}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    format!("{}\\n{}{times} · {state}", g.name, g.kind)
+}
+
+/// Graphviz dot: loop bodies as clusters (one node per body stage, folded over iterations);
+/// green: cached, orange: will run, grey: skipped. Folded: one node per stage entry.
+pub fn render_dot(c: &Compiled, rows: &[Row], folded: bool) -> String {
+    let (gs, of) = groups(c, rows, folded);
+    let mut s = format!(
+        "digraph \"{}\" {{\n  rankdir=LR;\n  label=\"{}\\n{}; green: cached, orange: will run, grey: skipped\";\n  node [shape=box, style=\"rounded,filled\"];\n",
+        c.name,
+        c.name,
+        Counts::of(rows).summary("cached")
+    );
+    let node = |g: &Group| format!("{} [label=\"{}\", fillcolor=\"{}\"];", node_id(&g.name), group_label(g), colour(&g.counts));
+    for g in gs.iter().filter(|g| g.loop_name.is_none()) {
+        s.push_str(&format!("  {}\n", node(g)));
+    }
+    for l in &c.loops {
+        s.push_str(&format!(
+            "  subgraph cluster_{} {{\n    label=\"loop {} (up to {} iterations)\";\n    style=dashed;\n",
+            node_id(&l.name),
+            l.name,
+            l.max_iterations
+        ));
+        for g in gs.iter().filter(|g| g.loop_name.as_deref() == Some(l.name.as_str())) {
+            s.push_str(&format!("    {}\n", node(g)));
+        }
+        s.push_str("  }\n");
+    }
+    for (a, b) in group_edges(c, &of) {
+        s.push_str(&format!("  {} -> {};\n", node_id(&gs[a].name), node_id(&gs[b].name)));
     }
     s.push_str("}\n");
     s
 }
 
-/// Mermaid flowchart. Folded: one node per stage entry.
+/// Mermaid flowchart, with the same grouping and colours as the dot output.
 pub fn render_mermaid(c: &Compiled, rows: &[Row], folded: bool) -> String {
-    let mut s = String::from("flowchart LR\n");
-    for (name, lab) in nodes(c, rows, folded) {
-        s.push_str(&format!("  {}[\"{name}<br/>{lab}\"]\n", node_id(&name)));
+    let (gs, of) = groups(c, rows, folded);
+    let mut s =
+        String::from("flowchart LR\n  classDef cached fill:#c8ecc8\n  classDef run fill:#ffd8a8\n  classDef skipped fill:#e0e0e0\n");
+    let node = |g: &Group| {
+        let class = match colour(&g.counts) {
+            "#ffd8a8" => "run",
+            "#e0e0e0" => "skipped",
+            _ => "cached",
+        };
+        format!("{}[\"{}\"]:::{class}", node_id(&g.name), group_label(g).replace("\\n", "<br/>"))
+    };
+    for g in gs.iter().filter(|g| g.loop_name.is_none()) {
+        s.push_str(&format!("  {}\n", node(g)));
     }
-    for (a, b, _, _) in edges(c, rows, folded) {
-        s.push_str(&format!("  {} --> {}\n", node_id(&a), node_id(&b)));
+    for l in &c.loops {
+        s.push_str(&format!("  subgraph {}[\"loop {}\"]\n", node_id(&format!("loop_{}", l.name)), l.name));
+        for g in gs.iter().filter(|g| g.loop_name.as_deref() == Some(l.name.as_str())) {
+            s.push_str(&format!("    {}\n", node(g)));
+        }
+        s.push_str("  end\n");
+    }
+    for (a, b) in group_edges(c, &of) {
+        s.push_str(&format!("  {} --> {}\n", node_id(&gs[a].name), node_id(&gs[b].name)));
     }
     s
 }
 
-fn nodes(c: &Compiled, rows: &[Row], folded: bool) -> Vec<(String, String)> {
+/// `rao status`: per instance (or per stage entry when `folded`), done / stale / missing with
+/// the reason, then the totals.
+pub fn render_status(c: &Compiled, rows: &[Row], folded: bool) -> String {
+    let mut s = String::new();
     if folded {
-        c.stages
-            .iter()
-            .map(|(stage, idx)| {
-                let names: Vec<&str> = idx.iter().map(|&i| c.instances[i].name.as_str()).collect();
-                let cached = rows.iter().filter(|r| names.contains(&r.instance.as_str()) && r.state == State::Done).count();
-                (stage.clone(), format!("×{} ({cached} cached)", idx.len()))
-            })
-            .collect()
+        for g in groups(c, rows, true).0 {
+            let n = &g.counts;
+            let word = if n.to_run() == 0 && n.cached > 0 {
+                "done"
+            } else if n.cached == 0 && n.to_run() > 0 {
+                "missing"
+            } else {
+                "partial"
+            };
+            s.push_str(&format!(
+                "{word:<8} {:<28} ×{:<4} {}\n",
+                g.name,
+                n.instances,
+                n.summary("done").split_once(": ").map(|x| x.1).unwrap_or("")
+            ));
+        }
     } else {
-        rows.iter().map(|r| (r.instance.clone(), label(&r.state).to_string())).collect()
-    }
-}
-
-fn edges(c: &Compiled, _rows: &[Row], folded: bool) -> Vec<(String, String, String, String)> {
-    let mut out: Vec<(String, String, String, String)> = Vec::new();
-    for e in c.graph.raw_edges() {
-        let (a, b) = (&c.instances[e.source().index()], &c.instances[e.target().index()]);
-        let (x, y) = if folded { (a.stage.clone(), b.stage.clone()) } else { (a.name.clone(), b.name.clone()) };
-        if x != y && !out.iter().any(|(p, q, _, _)| *p == x && *q == y) {
-            out.push((x, y, String::new(), String::new()));
+        for r in rows {
+            let word = match r.state {
+                State::Done => "done",
+                State::Stale => "stale",
+                State::Missing => "missing",
+                State::Waiting => "waiting",
+                State::Skipped => "skipped",
+            };
+            let why = if r.reasons.is_empty() { String::new() } else { format!("  {}", r.reasons.join("; ")) };
+            s.push_str(&format!("{word:<8} {:<32}{why}\n", r.instance));
         }
     }
-    out
-}
-
-/// `rao status`: per instance, done / stale / missing with the reason.
-pub fn render_status(rows: &[Row]) -> String {
-    let mut s = String::new();
-    for r in rows {
-        let word = match r.state {
-            State::Done => "done",
-            State::Stale => "stale",
-            State::Missing => "missing",
-            State::Waiting => "waiting",
-            State::Skipped => "skipped",
-        };
-        let why = if r.reasons.is_empty() { String::new() } else { format!("  {}", r.reasons.join("; ")) };
-        s.push_str(&format!("{word:<8} {:<32}{why}\n", r.instance));
-    }
     let done = rows.iter().filter(|r| r.state == State::Done).count();
-    s.push_str(&format!("{done}/{} done\n", rows.len()));
+    s.push_str(&format!("{done}/{} done · {}\n", rows.len(), Counts::of(rows).summary("done")));
     s
 }

@@ -5,15 +5,55 @@ use std::collections::BTreeMap;
 
 use rao_core::NodeRecord;
 
-/// Render the trees of a node table; `task`/`group` filter, `limit` caps the number of trees.
-pub fn render(nodes: &[NodeRecord], task: Option<&str>, group: Option<i32>, limit: usize) -> String {
-    // A tree is (task, iteration, mode, group): an evaluation runs each task recursive and flat.
-    let mut trees: BTreeMap<(String, i32, String, i32), Vec<&NodeRecord>> = BTreeMap::new();
-    for n in nodes {
-        if task.is_some_and(|t| t != n.task_id) || group.is_some_and(|g| g != n.group) {
-            continue;
+/// Which trees to print. `status`: trees with a node that ended that way (`context_overflow`
+/// shows where a window ran out); `failed`: trees whose root did not fully succeed.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub task: Option<String>,
+    pub group: Option<i32>,
+    pub mode: Option<String>,
+    pub band: Option<String>,
+    pub status: Option<String>,
+    pub failed: bool,
+}
+
+type TreeKey = (String, i32, String, i32);
+
+/// Render the trees of a node table that pass `filter`, at most `limit` of them. An error names
+/// what exists when a task or band is unknown, or when nothing passes the filter.
+pub fn render(nodes: &[NodeRecord], filter: &Filter, limit: usize) -> Result<String, String> {
+    for (what, wanted, have) in [
+        ("task", &filter.task, nodes.iter().map(|n| n.task_id.as_str()).collect::<Vec<_>>()),
+        ("band", &filter.band, nodes.iter().map(|n| n.band.as_str()).collect::<Vec<_>>()),
+    ] {
+        if let Some(w) = wanted.as_deref().filter(|w| !have.contains(w)) {
+            let mut known: Vec<&str> = have;
+            known.sort();
+            known.dedup();
+            let shown: Vec<&str> = known.iter().copied().take(10).collect();
+            return Err(format!(
+                "no tree of {what} `{w}` in this file; its {what}s: {}{}",
+                shown.join(", "),
+                if known.len() > 10 { ", …" } else { "" }
+            ));
         }
+    }
+    // A tree is (task, iteration, mode, group): an evaluation runs each task recursive and flat.
+    let mut trees: BTreeMap<TreeKey, Vec<&NodeRecord>> = BTreeMap::new();
+    for n in nodes {
         trees.entry((n.task_id.clone(), n.iteration, n.mode.clone(), n.group)).or_default().push(n);
+    }
+    trees.retain(|(task, _, mode, group), t| {
+        let root_score = t.iter().find(|n| n.parent_id.is_none()).map(|r| r.score).unwrap_or(0.0);
+        filter.task.as_ref().is_none_or(|x| x == task)
+            && filter.group.is_none_or(|g| g == *group)
+            && filter.mode.as_ref().is_none_or(|m| m == mode)
+            && filter.band.as_ref().is_none_or(|b| t.iter().any(|n| &n.band == b))
+            && filter.status.as_ref().is_none_or(|s| t.iter().any(|n| &n.status == s))
+            && (!filter.failed || root_score < 1.0)
+    });
+    if trees.is_empty() {
+        return Err(format!("no tree passes the filter ({} nodes in the file)", nodes.len()));
     }
     let mut out = String::new();
     let total = trees.len();
@@ -32,9 +72,9 @@ pub fn render(nodes: &[NodeRecord], task: Option<&str>, group: Option<i32>, limi
         out.push('\n');
     }
     if total > limit {
-        out.push_str(&format!("… {} more trees (use --limit, --task, --group)\n", total - limit));
+        out.push_str(&format!("… {} more trees (use --limit, --task, --mode, --band, --status, --failed)\n", total - limit));
     }
-    out
+    Ok(out)
 }
 
 fn render_node(out: &mut String, n: &NodeRecord, tree: &[&NodeRecord], indent: usize) {
