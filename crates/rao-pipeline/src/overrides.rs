@@ -103,7 +103,8 @@ fn set_param(params: &mut OrderedMap<Sp<Value>>, path: &[&str], value: Value) ->
 
 /// `--set params.NAME…` overrides that no stage reads: neither `${params.NAME…}` itself nor a
 /// `${params.…}` above it appears in any stage of `resolved` (the pipeline after overrides), so
-/// the override changes nothing. Returns a warning per such override.
+/// the override changes nothing. Returns a warning per such override (naming the path, never the
+/// value: it may be a secret).
 pub fn unused_params(resolved: &Value, overrides: &[String]) -> Vec<String> {
     let mut refs = Vec::new();
     collect_refs(&resolved["stages"], &mut refs);
@@ -118,7 +119,7 @@ pub fn unused_params(resolved: &Value, overrides: &[String]) -> Vec<String> {
                 let n = r.len().min(parts.len());
                 r[..n] == parts[..n]
             });
-            (!used).then(|| format!("--set {o}: no stage reads `${{params.{path}}}`, so it changes nothing"))
+            (!used).then(|| format!("--set params.{path}: no stage reads `${{params.{path}}}`, so it changes nothing"))
         })
         .collect()
 }
@@ -149,6 +150,6 @@ mod tests {
         let sets = ["params.window=64", "params.limits.depth=3", "params.lr=0.2", "params.unused=1", "seed=2"].map(String::from);
         let w = super::unused_params(&resolved, &sets);
         assert_eq!(w.len(), 1, "{w:?}");
-        assert!(w[0].starts_with("--set params.unused=1: no stage reads `${params.unused}`"), "{w:?}");
+        assert!(w[0].starts_with("--set params.unused: no stage reads `${params.unused}`"), "{w:?}");
     }
 }
