@@ -11,8 +11,11 @@ fn main() {
     let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=RAO_GIT_COMMIT={commit}");
     // Rebuild when HEAD moves: HEAD itself (checkouts) and the branch it points at (commits).
-    for path in ["HEAD", "packed-refs"].map(String::from).into_iter().chain(git(&["symbolic-ref", "-q", "HEAD"])) {
-        if let Some(p) = git(&["rev-parse", "--git-path", &path]) {
+    // `refs/heads` is watched whole (cargo scans a directory): a branch that is packed now may
+    // get a loose ref file at the next commit.
+    for path in ["HEAD", "packed-refs", "refs/heads"] {
+        // Only paths that exist: cargo re-runs a build script whose watched path is missing.
+        if let Some(p) = git(&["rev-parse", "--git-path", path]).filter(|p| std::path::Path::new(p).exists()) {
             println!("cargo:rerun-if-changed={p}");
         }
     }
