@@ -490,6 +490,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let c = Arc::new(c);
             let record = rao_pipeline::run(c.clone(), exec, &store, opts).await?;
             export_run(&c, &store, &record.run_id, &targets).await;
+            if !json && c.instances.iter().any(|i| i.kind == "evaluate") {
+                // Where the results are: the same file and overrides, read back by fingerprint.
+                let sets: String = rao_pipeline::run_record::redact_overrides(&p.set).iter().map(|o| format!(" --set {o}")).collect();
+                let store_arg = p.store.as_ref().map(|s| format!(" --store {s}")).unwrap_or_default();
+                eprintln!("results: rao report {}{sets}{store_arg}", p.pipeline.display());
+            }
             let failures = record.failures();
             if !failures.is_empty() && !json {
                 eprintln!("\n{} stage(s) failed:", failures.len());

@@ -155,7 +155,7 @@ impl RunResults {
             overrides: record
                 .as_ref()
                 .and_then(|r| serde_json::from_value(r["overrides"].clone()).ok())
-                .unwrap_or_else(|| c.overrides.clone()),
+                .unwrap_or_else(|| rao_pipeline::run_record::redact_overrides(&c.overrides)),
             run: record.as_ref().map(run_info),
             resolved,
             evaluations,
@@ -310,7 +310,8 @@ fn costs(instances: &[Instance]) -> Vec<StageCost> {
     out
 }
 
-/// A pipeline as dotted paths to its leaves: `stages.train.stages.rollout.params.mode`.
+/// A pipeline as dotted paths to its leaves: `stages.train.stages.rollout.params.mode`; the
+/// values of credential-looking keys (`api_token`, …) read `<redacted>`.
 pub fn flatten(v: &Value) -> Vec<(String, Value)> {
     fn go(prefix: &str, v: &Value, out: &mut Vec<(String, Value)>) {
         match v {
@@ -319,7 +320,11 @@ pub fn flatten(v: &Value) -> Vec<(String, Value)> {
                     go(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, x, out);
                 }
             }
-            _ => out.push((prefix.to_string(), v.clone())),
+            _ => {
+                let key = prefix.rsplit('.').next().unwrap_or(prefix);
+                let shown = if rao_pipeline::secrets::looks_secret(key) { Value::String("<redacted>".into()) } else { v.clone() };
+                out.push((prefix.to_string(), shown));
+            }
         }
     }
     let mut out = Vec::new();
