@@ -483,7 +483,7 @@ fn the_paced_expert_acts_exactly_like_the_expert() {
         .filter(|l| l.starts_with("same "))
         .map(|l| l.split_whitespace().collect::<Vec<_>>().split_last().unwrap().1.join(" "))
         .collect();
-    assert!(rows.len() >= 4 && rows.len() % 2 == 0, "{report}");
+    assert!(rows.len() >= 4 && rows.len().is_multiple_of(2), "{report}");
     let (a, b) = rows.split_at(rows.len() / 2);
     assert_eq!(a, b, "{report}");
     assert!(a.iter().any(|r| r.contains("recursive") && r.contains(" 1.00 ")), "the expert solves these recursively: {report}");

@@ -136,12 +136,8 @@ pub fn compare(arms: &[Arm], metrics: &[Metric]) -> Comparison {
             let first = cell(&arms[0], 0, key, metric);
             for (a, arm) in arms.iter().enumerate() {
                 let Some(mut c) = (if a == 0 { first.clone() } else { cell(arm, a, key, metric) }) else { continue };
-                if a > 0 {
-                    if let Some(base) = &first {
-                        let (p, test) = test(base, &c, arms, key);
-                        c.p = p;
-                        c.test = test;
-                    }
+                if let (true, Some(base)) = (a > 0, &first) {
+                    (c.p, c.test) = test(base, &c, arms, key);
                 }
                 cells.push(c);
             }

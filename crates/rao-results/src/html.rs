@@ -170,8 +170,11 @@ fn eval_table(evaluations: &[Evaluation]) -> String {
     s
 }
 
+/// One bar series: its name, its first row (label and mode), its row per band.
+type Series<'a> = (String, &'a EvalRow, Vec<Option<&'a EvalRow>>);
+
 /// Bands in first-seen order, and one bar series per `label · mode`.
-fn band_series<'a>(rows: &[&'a EvalRow]) -> (Vec<String>, Vec<(String, &'a EvalRow, Vec<Option<&'a EvalRow>>)>) {
+fn band_series<'a>(rows: &[&'a EvalRow]) -> (Vec<String>, Vec<Series<'a>>) {
     let mut bands: Vec<String> = Vec::new();
     let mut names: Vec<String> = Vec::new();
     for r in rows {
