@@ -10,6 +10,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+/// A module's files, the `crate::` modules it names and the `rao_*` crates it uses.
+type Module = (Vec<PathBuf>, BTreeSet<String>, BTreeSet<String>);
+
 fn main() {
     let here = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let crates_dir = here.parent().unwrap().to_path_buf();
@@ -22,7 +25,7 @@ fn main() {
 
     // This crate's modules and the `crate::` modules and `rao_*` crates each one names.
     let src = here.join("src");
-    let mut modules: BTreeMap<String, (Vec<PathBuf>, BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
+    let mut modules: BTreeMap<String, Module> = BTreeMap::new();
     for file in rust_files(&src) {
         let rel = file.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
         let module = rel.trim_end_matches(".rs").trim_end_matches("/mod").split('/').next().unwrap().to_string();

@@ -11,6 +11,9 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::policy::{Policy, Request, Response};
 
+/// Where a node waits for its response (and the round it came in).
+type Reply = oneshot::Sender<(Response, u64)>;
+
 /// Orders requests within a round: (tree index, path of child indices from the root).
 pub type NodeKey = (usize, Vec<u32>);
 
@@ -145,8 +148,7 @@ async fn drive(inner: Arc<Inner>) {
             }
             notified.await;
         };
-        let (requests, replies): (Vec<Request>, Vec<(NodeKey, oneshot::Sender<(Response, u64)>)>) =
-            batch.into_iter().map(|p| (p.request, (p.key, p.reply))).unzip();
+        let (requests, replies): (Vec<Request>, Vec<(NodeKey, Reply)>) = batch.into_iter().map(|p| (p.request, (p.key, p.reply))).unzip();
         let n = requests.len() as u64;
         let responses = inner.policy.act(requests).await;
         assert_eq!(responses.len() as u64, n, "the policy must answer every request");

@@ -378,20 +378,19 @@ pub fn expert_action(lang: &Lang, cfg: &HopExpertConfig, ctx: &[Tok]) -> Vec<Tok
         match lang.parse(a) {
             Some(Action::Spawn(e, sub)) => {
                 spawned = true;
-                if let [OBS, got, x] = obs[..] {
-                    if lang.vocab.word(got) == "got" {
-                        if let Some(x) = lang.entity(x) {
-                            known.insert((e, sub), x);
-                        }
-                    }
+                if let [OBS, got, x] = obs[..]
+                    && lang.vocab.word(got) == "got"
+                    && let Some(x) = lang.entity(x)
+                {
+                    known.insert((e, sub), x);
                 }
             }
             Some(Action::Search(..)) => {
                 for f in obs.get(1..).unwrap_or(&[]).chunks(FACT_TOKENS) {
-                    if let [s, r, o] = *f {
-                        if let (Some(s), Some(r), Some(o)) = (lang.entity(s), lang.relation(r), lang.entity(o)) {
-                            facts.insert((s, r), o);
-                        }
+                    if let [s, r, o] = *f
+                        && let (Some(s), Some(r), Some(o)) = (lang.entity(s), lang.relation(r), lang.entity(o))
+                    {
+                        facts.insert((s, r), o);
                     }
                 }
             }

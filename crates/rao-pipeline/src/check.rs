@@ -134,15 +134,15 @@ impl Checker<'_, '_> {
                 self.check_ref(r, st.name, in_loop);
             }
         }
-        if let Some(t) = &s.timeout {
-            if t.value.0.as_secs_f64() > MAX_TIMEOUT_S {
-                self.err(t.pos, "timeout longer than a year", "write a shorter duration, e.g. `2h`, or leave `timeout` out for no limit");
-            }
+        if let Some(t) = &s.timeout
+            && t.value.0.as_secs_f64() > MAX_TIMEOUT_S
+        {
+            self.err(t.pos, "timeout longer than a year", "write a shorter duration, e.g. `2h`, or leave `timeout` out for no limit");
         }
-        if let Some(r) = &s.retries {
-            if r.value > MAX_RETRIES {
-                self.err(r.pos, format!("{} retries", r.value), format!("at most {MAX_RETRIES}"));
-            }
+        if let Some(r) = &s.retries
+            && r.value > MAX_RETRIES
+        {
+            self.err(r.pos, format!("{} retries", r.value), format!("at most {MAX_RETRIES}"));
         }
         self.check_matrix(st);
         // Params: substitution and the kind's own checks (with the first matrix combination).
@@ -230,17 +230,18 @@ impl Checker<'_, '_> {
         for c in &l.carry {
             if let Some(st) = l.body_stage(&c.stage) {
                 let offered = st.outputs();
-                if !offered.iter().any(|o| *o == c.output) {
+                if !offered.contains(&c.output) {
                     let help = did_you_mean(&c.output, offered.iter().map(|s| s.as_str()))
                         .unwrap_or_else(|| format!("its outputs: {}", offered.join(", ")));
                     self.err(c.pos, format!("stage `{}` has no output `{}`", c.stage, c.output), help);
                 }
             }
         }
-        if let Some(stop) = &spec.stop_when {
-            if stop.above.is_none() && stop.below.is_none() {
-                self.err(stop.metric.pos, "stop_when needs `above` or `below`", "e.g. `above: 0.9`");
-            }
+        if let Some(stop) = &spec.stop_when
+            && stop.above.is_none()
+            && stop.below.is_none()
+        {
+            self.err(stop.metric.pos, "stop_when needs `above` or `below`", "e.g. `above: 0.9`");
         }
         for st in &l.body {
             for r in st.inputs.iter().flat_map(|i| &i.refs).filter(|r| r.is_loop_var()) {
@@ -325,7 +326,7 @@ impl Checker<'_, '_> {
     }
 
     fn check_offered(&mut self, r: &Ref, what: &str, offered: Vec<String>) {
-        if !offered.iter().any(|o| *o == r.output) {
+        if !offered.contains(&r.output) {
             let help = did_you_mean(&r.output, offered.iter().map(|s| s.as_str()))
                 .unwrap_or_else(|| format!("its outputs: {}", if offered.is_empty() { "none".to_string() } else { offered.join(", ") }));
             self.err(r.pos, format!("{what} `{}` has no output `{}`", r.stage, r.output), help);
@@ -392,10 +393,10 @@ pub fn scope_graph(stages: &OrderedMap<StageSpec>) -> (DiGraph<usize, ()>, Vec<N
             refs.extend(s.stages.iter().flat_map(|(_, b)| b.inputs.iter().flat_map(|(_, r)| r.value.refs())));
         }
         for r in refs {
-            if let Some(j) = r.split_once('.').and_then(|(st, _)| names.iter().position(|n| *n == st)) {
-                if j != i {
-                    g.update_edge(nodes[j], nodes[i], ());
-                }
+            if let Some(j) = r.split_once('.').and_then(|(st, _)| names.iter().position(|n| *n == st))
+                && j != i
+            {
+                g.update_edge(nodes[j], nodes[i], ());
             }
         }
     }

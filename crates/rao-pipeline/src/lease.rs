@@ -153,10 +153,10 @@ async fn renew(store: Store, fp: String, generation: u64, key: String, mut info:
         tokio::time::sleep(ttl / 3).await;
         // A newer generation means ours lapsed and was taken over: stop writing. Publishing stays
         // safe (the manifest is written once), so the stage is allowed to finish.
-        if let Ok(Some((newest, _))) = newest(&store, &fp).await {
-            if newest != generation {
-                return;
-            }
+        if let Ok(Some((newest, _))) = newest(&store, &fp).await
+            && newest != generation
+        {
+            return;
         }
         info.expires_at = now_secs() + ttl.as_secs_f64();
         let _ = store.put_json(&key, &info).await;

@@ -61,10 +61,10 @@ impl Manifest {
         if self.fingerprint != expected_fp {
             return Err(format!("it names fingerprint `{}` but is stored under `{expected_fp}`", self.fingerprint.escape_debug()));
         }
-        if let Some(a) = &self.attempt {
-            if !is_attempt_id(a) {
-                return Err(format!("attempt `{}` is not an attempt id", a.escape_debug()));
-            }
+        if let Some(a) = &self.attempt
+            && !is_attempt_id(a)
+        {
+            return Err(format!("attempt `{}` is not an attempt id", a.escape_debug()));
         }
         for (output, files) in &self.outputs {
             check_component("output name", output)?;
@@ -127,10 +127,10 @@ pub async fn check_sizes(store: &Store, m: &Manifest) -> StoreResult<Result<(), 
             Some(_) => {
                 let mut found = BTreeMap::new();
                 for f in files {
-                    if let Some(path) = store.local_path(&m.file_key(output, &f.path)) {
-                        if let Ok(meta) = std::fs::metadata(&path) {
-                            found.insert(f.path.clone(), meta.len());
-                        }
+                    if let Some(path) = store.local_path(&m.file_key(output, &f.path))
+                        && let Ok(meta) = std::fs::metadata(&path)
+                    {
+                        found.insert(f.path.clone(), meta.len());
                     }
                 }
                 found

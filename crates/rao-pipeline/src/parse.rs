@@ -37,10 +37,10 @@ fn diagnose(e: &serde_saphyr::Error, text: &str) -> Diagnostic {
         None => msg,
     };
     let (msg, help) = reword(&msg);
-    if msg.starts_with("unclosed quote") {
-        if let Some(p) = unclosed_quote(text, pos) {
-            pos = p;
-        }
+    if msg.starts_with("unclosed quote")
+        && let Some(p) = unclosed_quote(text, pos)
+    {
+        pos = p;
     }
     let mut d = Diagnostic::new(pos, msg.clone());
     if let Some(h) = help {

@@ -298,14 +298,14 @@ impl Scheduler {
                 self.settle(i, Some(format!("upstream `{}` did not finish", inst.name)));
                 continue;
             }
-            if let Some((l, k)) = inst.iteration {
-                if let Some(exit) = self.loop_exit[l].filter(|&e| k > e) {
-                    let why = format!("loop `{}` stopped at iteration {exit}", c.loops[l].name);
-                    self.mark(i, InstanceStatus::Skipped, Some(why.clone()));
-                    self.emit(Event::Skipped { instance: inst.name.clone(), reason: why });
-                    self.settle(i, None);
-                    continue;
-                }
+            if let Some((l, k)) = inst.iteration
+                && let Some(exit) = self.loop_exit[l].filter(|&e| k > e)
+            {
+                let why = format!("loop `{}` stopped at iteration {exit}", c.loops[l].name);
+                self.mark(i, InstanceStatus::Skipped, Some(why.clone()));
+                self.emit(Event::Skipped { instance: inst.name.clone(), reason: why });
+                self.settle(i, None);
+                continue;
             }
             self.decide_loops(i);
             let Some(parts) = c.fp_parts(i, |j| self.fps[j].clone(), |l| self.loop_exit[l]) else {
@@ -318,16 +318,16 @@ impl Scheduler {
             let fp = parts.fingerprint();
             self.fps[i] = Some(fp.clone());
             self.record.instances[i].fingerprint = Some(fp.clone());
-            if !self.forced[i] {
-                if let Some(m) = self.cache_hit(i, &fp).await? {
-                    self.mark(i, InstanceStatus::Cached, None);
-                    self.record.instances[i].metrics = m.metrics.clone();
-                    self.emit(Event::Cached { instance: inst.name.clone(), fingerprint: fp });
-                    self.manifests[i] = Some(m);
-                    self.on_loop_progress(i);
-                    self.settle(i, None);
-                    continue;
-                }
+            if !self.forced[i]
+                && let Some(m) = self.cache_hit(i, &fp).await?
+            {
+                self.mark(i, InstanceStatus::Cached, None);
+                self.record.instances[i].metrics = m.metrics.clone();
+                self.emit(Event::Cached { instance: inst.name.clone(), fingerprint: fp });
+                self.manifests[i] = Some(m);
+                self.on_loop_progress(i);
+                self.settle(i, None);
+                continue;
             }
             if !self.selected[i] || self.cancelled {
                 let why = if self.cancelled { "run cancelled" } else { "not done, and not selected by --only/--from" }.to_string();
@@ -486,11 +486,10 @@ impl Scheduler {
     fn decide_loops(&mut self, i: usize) {
         for (_, sources) in &self.c.instances[i].inputs {
             for s in sources {
-                if let Source::LoopExit { loop_idx, .. } = s {
-                    if self.loop_exit[*loop_idx].is_none() {
-                        self.loop_exit[*loop_idx] =
-                            self.c.loops[*loop_idx].exit_iteration(metric_reader(&self.c, &self.manifests, *loop_idx));
-                    }
+                if let Source::LoopExit { loop_idx, .. } = s
+                    && self.loop_exit[*loop_idx].is_none()
+                {
+                    self.loop_exit[*loop_idx] = self.c.loops[*loop_idx].exit_iteration(metric_reader(&self.c, &self.manifests, *loop_idx));
                 }
             }
         }
@@ -498,10 +497,11 @@ impl Scheduler {
 
     /// After `i` finished: if it carries a loop's stop metric, the loop may now be decided.
     fn on_loop_progress(&mut self, i: usize) {
-        if let Some((l, _)) = self.c.instances[i].iteration {
-            if self.loop_exit[l].is_none() && self.c.loops[l].stop.as_ref().is_some_and(|s| s.stage == self.c.instances[i].stage) {
-                self.loop_exit[l] = self.c.loops[l].exit_iteration(metric_reader(&self.c, &self.manifests, l));
-            }
+        if let Some((l, _)) = self.c.instances[i].iteration
+            && self.loop_exit[l].is_none()
+            && self.c.loops[l].stop.as_ref().is_some_and(|s| s.stage == self.c.instances[i].stage)
+        {
+            self.loop_exit[l] = self.c.loops[l].exit_iteration(metric_reader(&self.c, &self.manifests, l));
         }
     }
 }

@@ -41,10 +41,10 @@ pub async fn snapshot(c: &Compiled, store: &Store) -> StoreResult<Snapshot> {
     for &i in &c.order {
         for (_, sources) in &c.instances[i].inputs {
             for src in sources {
-                if let Source::LoopExit { loop_idx, .. } = src {
-                    if s.loop_exit[*loop_idx].is_none() {
-                        s.loop_exit[*loop_idx] = c.loops[*loop_idx].exit_iteration(s.metric_of(c, *loop_idx));
-                    }
+                if let Source::LoopExit { loop_idx, .. } = src
+                    && s.loop_exit[*loop_idx].is_none()
+                {
+                    s.loop_exit[*loop_idx] = c.loops[*loop_idx].exit_iteration(s.metric_of(c, *loop_idx));
                 }
             }
         }

@@ -92,12 +92,12 @@ impl Scope<'_> {
 
     fn string(&self, s: &str, pos: Pos, chain: &mut Vec<String>) -> Result<Value, Diagnostic> {
         // A string that is exactly one placeholder keeps the value's type.
-        if let Some(inner) = s.strip_prefix("${").and_then(|r| r.strip_suffix('}')) {
-            if !inner.contains("${") && !inner.contains('}') {
-                if let Some(v) = self.lookup(inner, pos, chain)? {
-                    return Ok(v);
-                }
-            }
+        if let Some(inner) = s.strip_prefix("${").and_then(|r| r.strip_suffix('}'))
+            && !inner.contains("${")
+            && !inner.contains('}')
+            && let Some(v) = self.lookup(inner, pos, chain)?
+        {
+            return Ok(v);
         }
         let mut out = String::new();
         let mut rest = s;

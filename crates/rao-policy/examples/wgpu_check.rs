@@ -41,7 +41,7 @@ fn requests(world: &textcraft::World) -> Vec<SampleRequest> {
 }
 
 fn sequences(reqs: &[SampleRequest], outs: &[(Vec<u32>, Vec<f32>)]) -> Vec<Sequence> {
-    let advantage = |k: usize| if k % 2 == 0 { 1.0 } else { -0.6 };
+    let advantage = |k: usize| if k.is_multiple_of(2) { 1.0 } else { -0.6 };
     reqs.iter()
         .zip(outs)
         .enumerate()

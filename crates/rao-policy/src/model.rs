@@ -142,6 +142,7 @@ impl Block {
 
     /// `x: [B·T, D]` (rows of `b` sequences), `bias: [B, 1, T, S]` additive attention bias
     /// (0 or −∞), `cos`/`sin: [B·T, D]`.
+    #[expect(clippy::too_many_arguments, reason = "one block's inputs, each a different tensor; a struct would only rename them")]
     fn forward(
         &self,
         fused: &FusedBlock,
@@ -182,7 +183,7 @@ impl Block {
 
 impl Transformer {
     pub fn new(cfg: &ModelConfig, device: &Device) -> Transformer {
-        assert!(cfg.d_model % cfg.n_heads == 0 && cfg.head_dim() % 2 == 0, "d_model must split into heads of even size");
+        assert!(cfg.d_model.is_multiple_of(cfg.n_heads) && cfg.head_dim().is_multiple_of(2), "d_model must split into heads of even size");
         let lin = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
         Transformer {
             embed: EmbeddingConfig::new(cfg.vocab, cfg.d_model).init(device),
@@ -249,10 +250,10 @@ impl Transformer {
         if let Some(mix) = &self.prev_mix {
             x = x + kernels::linear(self.embed.forward(prev).reshape([b * t, d]), mix.weight.val());
         }
-        if let Some(c) = cache.as_deref_mut() {
-            if c.layers.is_empty() {
-                c.layers = (0..self.blocks.len()).map(|_| None).collect();
-            }
+        if let Some(c) = cache.as_deref_mut()
+            && c.layers.is_empty()
+        {
+            c.layers = (0..self.blocks.len()).map(|_| None).collect();
         }
         for (i, (block, f)) in self.blocks.iter().zip(&fused.blocks).enumerate() {
             let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);

@@ -75,7 +75,7 @@ async fn main() {
                 policy,
                 Mode::Recursive,
                 1,
-                limits.clone(),
+                limits,
                 RunMeta::default(),
                 1,
             )

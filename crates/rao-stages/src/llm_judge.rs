@@ -119,13 +119,12 @@ impl LlmJudge {
     async fn judge(&self, content: &str, stats: &std::sync::Mutex<JudgeStats>) -> anyhow::Result<f64> {
         let hash = blake3::hash(format!("{}\n{}\n{}", self.cfg.model, RUBRIC, content).as_bytes()).to_hex().to_string();
         let cached = self.cache.join(format!("{hash}.json"));
-        if let Ok(text) = std::fs::read_to_string(&cached) {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
-                if let Some(s) = v["score"].as_f64() {
-                    stats.lock().unwrap().cache_hits += 1;
-                    return Ok(s);
-                }
-            }
+        if let Ok(text) = std::fs::read_to_string(&cached)
+            && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+            && let Some(s) = v["score"].as_f64()
+        {
+            stats.lock().unwrap().cache_hits += 1;
+            return Ok(s);
         }
         let body = serde_json::json!({
             "model": self.cfg.model,

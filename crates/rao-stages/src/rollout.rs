@@ -181,6 +181,7 @@ fn default_group() -> usize {
 }
 
 /// Run `group` trees for each of `tasks` (indices into `set`) through one batcher; returns all nodes.
+#[expect(clippy::too_many_arguments, reason = "the rollout's independent settings, used as such by every caller")]
 pub async fn rollout_trees(
     set: &dyn TaskSet,
     tasks: &[usize],
@@ -252,14 +253,14 @@ pub struct Rollout;
 impl TypedStage for Rollout {
     fn check(p: &RolloutParams, inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
         let mut out = Vec::new();
-        if let Some(Shard { index, count }) = p.shard {
-            if count == 0 || index >= count {
-                out.push(rao_pipeline::ParamError {
-                    key: Some("shard".into()),
-                    message: format!("shard index {index} is not below its count {count}"),
-                    help: Some("shards are numbered 0 to count − 1, e.g. `matrix: {shard: [0, 1, 2, 3]}` with `count: 4`".into()),
-                });
-            }
+        if let Some(Shard { index, count }) = p.shard
+            && (count == 0 || index >= count)
+        {
+            out.push(rao_pipeline::ParamError {
+                key: Some("shard".into()),
+                message: format!("shard index {index} is not below its count {count}"),
+                help: Some("shards are numbered 0 to count − 1, e.g. `matrix: {shard: [0, 1, 2, 3]}` with `count: 4`".into()),
+            });
         }
         out.extend(needs_checkpoint(p.policy, inputs));
         out

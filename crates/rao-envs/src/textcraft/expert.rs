@@ -95,10 +95,11 @@ pub fn expert_action(world: &World, cfg: &ExpertConfig, ctx: &[Tok]) -> Vec<Tok>
     if cfg.noise > 0.0 && step_rng.chance(cfg.noise) {
         return noise_action(world, &items_in(world, ctx), &mut step_rng);
     }
-    if p.recursive && p.depth < cfg.max_depth {
-        if let Some(missing) = shortfall_after_failed_craft(world, &p) {
-            return lang.encode(&Action::Spawn(vec![missing]));
-        }
+    if p.recursive
+        && p.depth < cfg.max_depth
+        && let Some(missing) = shortfall_after_failed_craft(world, &p)
+    {
+        return lang.encode(&Action::Spawn(vec![missing]));
     }
     lang.encode(plan.get(next).unwrap_or(&Action::Finish))
 }
