@@ -384,6 +384,7 @@ impl Checker<'_, '_> {
 /// what its `init` and its body stages read from the scope.
 pub fn scope_graph(stages: &OrderedMap<StageSpec>) -> (DiGraph<usize, ()>, Vec<NodeIndex>) {
     let names: Vec<&str> = stages.keys().collect();
+    let index: HashMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     let mut g = DiGraph::<usize, ()>::new();
     let nodes: Vec<NodeIndex> = (0..names.len()).map(|i| g.add_node(i)).collect();
     for (i, (_, s)) in stages.iter().enumerate() {
@@ -393,7 +394,7 @@ pub fn scope_graph(stages: &OrderedMap<StageSpec>) -> (DiGraph<usize, ()>, Vec<N
             refs.extend(s.stages.iter().flat_map(|(_, b)| b.inputs.iter().flat_map(|(_, r)| r.value.refs())));
         }
         for r in refs {
-            if let Some(j) = r.split_once('.').and_then(|(st, _)| names.iter().position(|n| *n == st))
+            if let Some(j) = r.split_once('.').and_then(|(st, _)| index.get(st).copied())
                 && j != i
             {
                 g.update_edge(nodes[j], nodes[i], ());

@@ -107,6 +107,8 @@ pub struct Lowered<'a> {
     pub spec: &'a PipelineFile,
     /// Top-level entries, in file order.
     pub entries: Vec<Entry<'a>>,
+    /// Entry name → index in `entries` (pipelines have tens of thousands of stages).
+    by_name: std::collections::HashMap<String, usize>,
     /// Names of entries left out for structural errors (references to them are not reported
     /// again).
     pub broken: BTreeSet<String>,
@@ -114,19 +116,22 @@ pub struct Lowered<'a> {
 
 impl<'a> Lowered<'a> {
     pub fn entry(&self, name: &str) -> Option<&Entry<'a>> {
-        self.entries.iter().find(|e| e.name().value == name)
+        self.by_name.get(name).map(|&i| &self.entries[i])
     }
 }
 
 pub fn lower<'a>(spec: &'a PipelineFile, registry: &Registry, diags: &mut Vec<Diagnostic>) -> Lowered<'a> {
-    let mut out = Lowered { spec, entries: Vec::new(), broken: BTreeSet::new() };
+    let mut out = Lowered { spec, entries: Vec::new(), by_name: Default::default(), broken: BTreeSet::new() };
     for (name, s) in spec.stages.iter() {
         let entry = match &s.loop_ {
             Some(l) => lower_loop(name, s, l, registry, diags).map(Entry::Loop),
             None => lower_stage(name, s, registry, diags).map(Entry::Stage),
         };
         match entry {
-            Some(e) => out.entries.push(e),
+            Some(e) => {
+                out.by_name.insert(name.value.clone(), out.entries.len());
+                out.entries.push(e);
+            }
             None => {
                 out.broken.insert(name.value.clone());
                 if s.loop_.is_some() {

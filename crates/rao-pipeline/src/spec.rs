@@ -124,8 +124,10 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for OrderedMap<V> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut out = OrderedMap { entries: Vec::new() };
+                // Hashed: a pipeline can have tens of thousands of stages.
+                let mut seen: std::collections::HashMap<String, Pos> = std::collections::HashMap::new();
                 while let Some(key) = map.next_key::<Sp<String>>()? {
-                    if let Some(first) = out.key_pos(&key.value) {
+                    if let Some(first) = seen.insert(key.value.clone(), key.pos) {
                         return Err(serde::de::Error::custom(format!(
                             "duplicate key `{}` (first defined at line {}); each name may appear once",
                             key.value, first.line
