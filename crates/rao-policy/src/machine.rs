@@ -3,19 +3,21 @@
 //!
 //! On the CPU backend: the SIMD path the fused kernels and gemm pick at run time (AVX-512,
 //! AVX2+FMA or baseline on x86-64), the data cache sizes (gemm sizes its blocks from them, which
-//! sets the order of its sums), the compute pool's thread count, and whether the fused kernels
-//! are on (`RAO_FUSED_KERNELS=0` turns them off). On wgpu: the backend name only — the adapter is
-//! not known until a device is opened (a known gap: two GPUs would share results).
+//! sets the order of its sums) and whether the fused kernels are on (`RAO_FUSED_KERNELS=0` turns
+//! them off). Not the thread count: a warm start gave the same checkpoint bytes with 1, 2 and 3
+//! threads (gemm splits rows and columns across threads, never a sum). On wgpu: the backend name
+//! only — the adapter is not known until a device is opened (a known gap: two GPUs would share
+//! results).
 
 use crate::policy::Backend;
 
-/// `cpu/x86_64-avx512/L1d 48K L2 2048K L3 …/threads 2/fused`, or `wgpu`.
+/// `cpu/x86_64-avx512/L1d 48K L2 2048K L3 …/fused`, or `wgpu`.
 pub fn machine_profile(backend: Backend) -> String {
     match backend {
         Backend::Wgpu => "wgpu".into(),
         Backend::Cpu => {
             let fused = if crate::kernels::enabled() { "fused" } else { "decomposed" };
-            format!("cpu/{}/{}/threads {}/{fused}", simd_path(), cache_sizes(), rayon::current_num_threads())
+            format!("cpu/{}/{}/{fused}", simd_path(), cache_sizes())
         }
     }
 }
