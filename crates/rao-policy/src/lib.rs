@@ -1,9 +1,12 @@
 //! The Burn policy: a small decoder-only transformer over the environments' tokenizer,
 //! batched constrained sampling with a KV cache, RL losses, AdamW with global clipping,
-//! and deterministic checkpoints. The only crate that depends on Burn.
+//! and deterministic checkpoints; Hugging Face Llama/Qwen checkpoints as policies (`hf`). The only
+//! crate that depends on Burn.
 
+pub mod hf;
 pub mod kernels;
 mod machine;
+pub mod lora;
 pub mod model;
 pub mod params;
 pub mod policy;

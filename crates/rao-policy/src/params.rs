@@ -9,15 +9,31 @@ use crate::model::Transformer;
 
 /// Every float parameter's values, in visit order.
 pub fn read_params(model: &Transformer) -> Vec<Vec<f32>> {
-    struct Reader(Vec<Vec<f32>>);
-    impl ModuleVisitor for Reader {
+    read_params_where(model, None)
+}
+
+/// The values of the parameters `mask` selects (all when `None`), in visit order.
+pub fn read_params_where(model: &Transformer, mask: Option<&[bool]>) -> Vec<Vec<f32>> {
+    struct Reader<'a> {
+        mask: Option<&'a [bool]>,
+        next: usize,
+        out: Vec<Vec<f32>>,
+    }
+    impl ModuleVisitor for Reader<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.push(param.val().into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 parameters"));
+            if selected(self.mask, self.next) {
+                self.out.push(param.val().into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 parameters"));
+            }
+            self.next += 1;
         }
     }
-    let mut r = Reader(Vec::new());
+    let mut r = Reader { mask, next: 0, out: Vec::new() };
     model.visit(&mut r);
-    r.0
+    r.out
+}
+
+fn selected(mask: Option<&[bool]>, i: usize) -> bool {
+    mask.is_none_or(|m| m[i])
 }
 
 /// Shapes of the parameters, in visit order.
@@ -35,35 +51,55 @@ pub fn param_shapes(model: &Transformer) -> Vec<Vec<usize>> {
 
 /// Replace every parameter's values (same order and sizes as [`read_params`]).
 pub fn write_params(model: Transformer, values: &[Vec<f32>]) -> Transformer {
+    write_params_where(model, None, values)
+}
+
+/// Replace the values of the parameters `mask` selects (all when `None`), given in visit order;
+/// each keeps its id and whether it is trained.
+pub fn write_params_where(model: Transformer, mask: Option<&[bool]>, values: &[Vec<f32>]) -> Transformer {
     struct Writer<'a> {
+        mask: Option<&'a [bool]>,
         values: &'a [Vec<f32>],
+        index: usize,
         next: usize,
     }
     impl ModuleMapper for Writer<'_> {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let i = self.index;
+            self.index += 1;
+            if !selected(self.mask, i) {
+                return param;
+            }
             let t = param.val();
             let (shape, device) = (t.shape(), t.device());
             let v = self.values[self.next].clone();
-            assert_eq!(v.len(), shape.num_elements(), "parameter {} has the wrong size", self.next);
+            assert_eq!(v.len(), shape.num_elements(), "parameter {i} has the wrong size");
             self.next += 1;
             let fresh = Tensor::<D>::from_data(TensorData::new(v, shape), &device);
-            let fresh = if t.is_require_grad() { fresh.require_grad() } else { fresh };
-            let mut p = Param::from_tensor(fresh);
+            let mut p = Param::from_tensor(fresh).set_require_grad(param.is_require_grad());
             p.id = param.id;
             p
         }
     }
-    model.map(&mut Writer { values, next: 0 })
+    model.map(&mut Writer { mask, values, index: 0, next: 0 })
 }
 
-/// Gradients of every parameter (zeros where a parameter got none), in visit order.
-pub fn read_grads(model: &Transformer, grads: &burn::tensor::Gradients) -> Vec<Vec<f32>> {
+/// Gradients of the parameters `mask` selects (all when `None`; zeros where a parameter got
+/// none), in visit order.
+pub fn read_grads_where(model: &Transformer, grads: &burn::tensor::Gradients, mask: Option<&[bool]>) -> Vec<Vec<f32>> {
     struct Grads<'a> {
         grads: &'a burn::tensor::Gradients,
+        mask: Option<&'a [bool]>,
+        next: usize,
         out: Vec<Vec<f32>>,
     }
     impl ModuleVisitor for Grads<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let i = self.next;
+            self.next += 1;
+            if !selected(self.mask, i) {
+                return;
+            }
             let t = param.val();
             let n = t.shape().num_elements();
             let g = t
@@ -73,9 +109,14 @@ pub fn read_grads(model: &Transformer, grads: &burn::tensor::Gradients) -> Vec<V
             self.out.push(g);
         }
     }
-    let mut v = Grads { grads, out: Vec::new() };
+    let mut v = Grads { grads, mask, next: 0, out: Vec::new() };
     model.visit(&mut v);
     v.out
+}
+
+/// Gradients of every parameter (zeros where a parameter got none), in visit order.
+pub fn read_grads(model: &Transformer, grads: &burn::tensor::Gradients) -> Vec<Vec<f32>> {
+    read_grads_where(model, grads, None)
 }
 
 /// AdamW with global gradient-norm clipping, on flat vectors.

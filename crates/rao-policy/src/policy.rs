@@ -12,7 +12,8 @@ use rao_envs::vocab::{EOS, PAD, Tok};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{KvCache, ModelConfig, Transformer, init_params};
-use crate::params::{AdamW, bytes_to_f32s, f32s_to_bytes, param_shapes, read_grads, read_params, write_params};
+use crate::lora::{self, LoraConfig};
+use crate::params::{AdamW, bytes_to_f32s, f32s_to_bytes, param_shapes, read_grads_where, read_params_where, write_params_where};
 
 /// Masked logits and attention scores: −∞ is exact (exp gives 0) and cheap (glibc's expf returns
 /// at once for −∞, where a large finite negative takes its slow underflow path).
@@ -105,6 +106,8 @@ pub struct StepMetrics {
 
 /// Serialised policy: config + metadata, the parameters as a Burn record (burnpack bytes, what
 /// `Module::load_record` reads), and the optimiser moments (flat f32, parameter visit order).
+/// A policy with LoRA adapters saves only what it trains: the factors (flat f32, visit order)
+/// and their moments; its base is the checkpoint it was loaded from.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
     pub meta: CheckpointMeta,
@@ -119,6 +122,13 @@ pub struct CheckpointMeta {
     pub optimizer: AdamW,
     pub param_sizes: Vec<usize>,
     pub param_shapes: Vec<Vec<usize>>,
+    /// Tokens that end a completion, when not the environments' `<eos>` (a language model's
+    /// end-of-turn tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_tokens: Option<Vec<Tok>>,
+    /// The adapters' settings when `params` holds LoRA factors only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 pub struct Policy {
@@ -127,46 +137,129 @@ pub struct Policy {
     pub device: Device,
     pub optim: AdamW,
     pub version: i32,
+    /// Tokens that end a completion (the environments' `<eos>` unless a language model says
+    /// otherwise); the first one pads forced actions.
+    pub stop_tokens: Vec<Tok>,
+    /// LoRA adapters on a frozen base, when present.
+    pub lora: Option<LoraConfig>,
+    /// Which parameters (visit order) the optimiser updates: all, or the adapters' factors.
+    trainable: Vec<bool>,
 }
 
 impl Policy {
     pub fn new(cfg: ModelConfig, backend: Backend, seed: u64) -> anyhow::Result<Policy> {
         anyhow::ensure!(cfg.vocab > 0, "model vocabulary size is 0");
+        cfg.check().map_err(|e| anyhow::anyhow!("invalid model config: {e}"))?;
         let device = device(backend)?;
         let model = init_params(Transformer::new(&cfg, &device.clone().autodiff()), seed);
-        Ok(Policy { cfg, model, device, optim: AdamW::new(1.0, 0.0), version: 0 })
+        let trainable = lora::trainable(&model);
+        Ok(Policy { cfg, model, device, optim: AdamW::new(1.0, 0.0), version: 0, stop_tokens: vec![EOS], lora: None, trainable })
+    }
+
+    /// A policy over given parameter values (in visit order, [`crate::params::read_params`]),
+    /// e.g. a pretrained model's.
+    pub fn from_values(cfg: ModelConfig, backend: Backend, values: Vec<Vec<f32>>, stop_tokens: Vec<Tok>) -> anyhow::Result<Policy> {
+        anyhow::ensure!(cfg.vocab > 0, "model vocabulary size is 0");
+        cfg.check().map_err(|e| anyhow::anyhow!("invalid model config: {e}"))?;
+        anyhow::ensure!(!stop_tokens.is_empty(), "a policy needs at least one stop token");
+        let device = device(backend)?;
+        let model = crate::model::model_from_values(&cfg, &device.clone().autodiff(), values)?;
+        let trainable = lora::trainable(&model);
+        Ok(Policy { cfg, model, device, optim: AdamW::new(1.0, 0.0), version: 0, stop_tokens, lora: None, trainable })
+    }
+
+    /// Freezes the model and adds LoRA adapters (see [`lora::apply`]); from here on only the
+    /// adapters train and checkpoints hold only them. The optimiser starts afresh.
+    pub fn add_lora(&mut self, cfg: LoraConfig, seed: u64) -> anyhow::Result<()> {
+        anyhow::ensure!(self.lora.is_none(), "the policy has LoRA adapters already");
+        self.model = lora::apply(self.model.clone(), &self.cfg, &cfg, seed)?;
+        self.trainable = lora::trainable(&self.model);
+        self.optim = AdamW::new(self.optim.clip_norm, self.optim.weight_decay);
+        self.lora = Some(cfg);
+        Ok(())
+    }
+
+    /// Which parameters (visit order) the optimiser updates.
+    pub fn trainable_mask(&self) -> &[bool] {
+        &self.trainable
+    }
+
+    /// The values of the parameters the optimiser updates (visit order).
+    pub fn trainable_params(&self) -> Vec<Vec<f32>> {
+        read_params_where(&self.model, Some(&self.trainable))
+    }
+
+    /// Writes the adapters as a PEFT adapter directory for the base checkpoint `base` (the
+    /// `base_model_name_or_path` peft loads them onto).
+    pub fn export_peft(&self, base: &str, out: &std::path::Path) -> anyhow::Result<()> {
+        let cfg = self.lora.as_ref().ok_or_else(|| anyhow::anyhow!("the policy has no LoRA adapters to export"))?;
+        lora::export_peft(&self.cfg, cfg, &self.trainable_params(), base, out)
     }
 
     pub fn checkpoint(&self) -> Checkpoint {
-        let params = read_params(&self.model);
-        let record = self.model.valid().into_record().into_bytes().expect("a Burn record of in-memory parameters");
+        let params = self.trainable_params();
+        let shapes: Vec<Vec<usize>> = param_shapes(&self.model).into_iter().zip(&self.trainable).filter(|(_, t)| **t).map(|(s, _)| s).collect();
+        let bytes = match self.lora {
+            None => self.model.valid().into_record().into_bytes().expect("a Burn record of in-memory parameters").to_vec(),
+            Some(_) => f32s_to_bytes(&params),
+        };
         Checkpoint {
             meta: CheckpointMeta {
                 config: self.cfg.clone(),
                 version: self.version,
                 optimizer: self.optim.clone(),
                 param_sizes: params.iter().map(|p| p.len()).collect(),
-                param_shapes: param_shapes(&self.model),
+                param_shapes: shapes,
+                stop_tokens: (self.stop_tokens != [EOS]).then(|| self.stop_tokens.clone()),
+                lora: self.lora.clone(),
             },
-            params: record.to_vec(),
+            params: bytes,
             optim: [f32s_to_bytes(&self.optim.m), f32s_to_bytes(&self.optim.v)].concat(),
         }
     }
 
+    /// Restores a checkpoint of LoRA adapters ([`Policy::checkpoint`] of an adapted policy) onto
+    /// this policy, its base.
+    pub fn load_adapters(&mut self, ck: &Checkpoint) -> anyhow::Result<()> {
+        let cfg = ck.meta.lora.clone().ok_or_else(|| anyhow::anyhow!("the checkpoint holds no LoRA adapters"))?;
+        anyhow::ensure!(ck.meta.config == self.cfg, "the adapters were trained on a model of another shape");
+        self.add_lora(cfg, 0)?;
+        let shapes: Vec<Vec<usize>> = param_shapes(&self.model).into_iter().zip(&self.trainable).filter(|(_, t)| **t).map(|(s, _)| s).collect();
+        anyhow::ensure!(shapes == ck.meta.param_shapes, "the checkpoint's adapter shapes do not match its LoRA settings");
+        let values = bytes_to_f32s(&ck.params, &ck.meta.param_sizes)?;
+        self.model = write_params_where(self.model.clone(), Some(&self.trainable), &values);
+        self.restore_optimizer(ck)?;
+        self.version = ck.meta.version;
+        Ok(())
+    }
+
+    fn restore_optimizer(&mut self, ck: &Checkpoint) -> anyhow::Result<()> {
+        self.optim = ck.meta.optimizer.clone();
+        if !ck.optim.is_empty() {
+            let both = bytes_to_f32s(&ck.optim, &[ck.meta.param_sizes.clone(), ck.meta.param_sizes.clone()].concat())?;
+            let (m, v) = both.split_at(ck.meta.param_sizes.len());
+            self.optim.m = m.to_vec();
+            self.optim.v = v.to_vec();
+        }
+        Ok(())
+    }
+
     pub fn from_checkpoint(ck: &Checkpoint, backend: Backend) -> anyhow::Result<Policy> {
+        anyhow::ensure!(
+            ck.meta.lora.is_none(),
+            "the checkpoint holds LoRA adapters only: load its base model and call Policy::load_adapters"
+        );
         let mut p = Policy::new(ck.meta.config.clone(), backend, 0)?;
         anyhow::ensure!(param_shapes(&p.model) == ck.meta.param_shapes, "checkpoint shapes do not match its model config");
         let record = ModuleRecord::from_bytes(Bytes::from_bytes_vec(ck.params.clone()))
             .map_err(|e| anyhow::anyhow!("checkpoint parameters are not a readable Burn record: {e:?}"))?;
         p.model = p.model.try_load_record(record).map_err(|e| anyhow::anyhow!("checkpoint parameters do not fit the model: {e:?}"))?;
-        p.optim = ck.meta.optimizer.clone();
-        if !ck.optim.is_empty() {
-            let both = bytes_to_f32s(&ck.optim, &[ck.meta.param_sizes.clone(), ck.meta.param_sizes.clone()].concat())?;
-            let (m, v) = both.split_at(ck.meta.param_sizes.len());
-            p.optim.m = m.to_vec();
-            p.optim.v = v.to_vec();
-        }
+        p.restore_optimizer(ck)?;
         p.version = ck.meta.version;
+        if let Some(stop) = &ck.meta.stop_tokens {
+            anyhow::ensure!(!stop.is_empty() && stop.iter().all(|&t| (t as usize) < p.cfg.vocab), "checkpoint stop tokens must lie in the vocabulary");
+            p.stop_tokens = stop.clone();
+        }
         Ok(p)
     }
 
@@ -188,7 +281,7 @@ impl Policy {
     pub fn force(&self, reqs: &[SampleRequest], actions: &[Vec<Tok>]) -> Vec<(Vec<Tok>, Vec<f32>)> {
         assert_eq!(reqs.len(), actions.len(), "one forced action per request");
         self.decode(reqs, |i, logits, prefix| {
-            let tok = actions[i].get(prefix.len()).copied().unwrap_or(EOS);
+            let tok = actions[i].get(prefix.len()).copied().unwrap_or(self.stop_tokens[0]);
             let max = logits.iter().cloned().fold(f32::MIN, f32::max);
             let z: f32 = logits.iter().map(|x| (x - max).exp()).sum();
             (tok, logits[tok as usize] - max - z.ln())
@@ -222,14 +315,7 @@ impl Policy {
         }
         let prev = Tensor::<2, Int>::from_data(TensorData::new(previous_tokens(&toks, b, t), [b, t]), dev);
         let positions: Vec<Vec<usize>> = (0..b).map(|_| (0..t).collect()).collect();
-        let mut bias = vec![NEG; b * t * t];
-        for i in 0..b {
-            for q in 0..t {
-                for k in 0..=q.min(lens[i].saturating_sub(1)) {
-                    bias[(i * t + q) * t + k] = 0.0;
-                }
-            }
-        }
+        let bias = causal_bias(&lens, t);
         let mut cache = KvCache::default();
         let fused = model.fuse();
         let logits = model.forward_fused(
@@ -258,7 +344,7 @@ impl Policy {
                 out[i].0.push(tok);
                 out[i].1.push(lp);
                 next[i] = tok as i64;
-                if tok == EOS || out[i].0.len() >= reqs[i].max_new_tokens {
+                if self.stop_tokens.contains(&tok) || out[i].0.len() >= reqs[i].max_new_tokens {
                     done[i] = true;
                 }
             }
@@ -289,6 +375,30 @@ impl Policy {
             last = (0..b).map(|i| all[i * vocab..(i + 1) * vocab].to_vec()).collect();
         }
         out
+    }
+
+    /// The model's logits at every position of each prompt (`[len, V]` per prompt), from one
+    /// right-padded batch.
+    pub fn logits(&self, prompts: &[Vec<Tok>]) -> Vec<Vec<Vec<f32>>> {
+        on_compute_pool(|| {
+            let model = self.model.valid();
+            let dev = &self.device;
+            let (b, v) = (prompts.len(), self.cfg.vocab);
+            let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+            let t = lens.iter().copied().max().unwrap_or(0).max(1);
+            let mut toks = vec![PAD as i64; b * t];
+            for (i, p) in prompts.iter().enumerate() {
+                for (j, &x) in p.iter().enumerate() {
+                    toks[i * t + j] = x as i64;
+                }
+            }
+            let prev = Tensor::<2, Int>::from_data(TensorData::new(previous_tokens(&toks, b, t), [b, t]), dev);
+            let positions: Vec<Vec<usize>> = (0..b).map(|_| (0..t).collect()).collect();
+            let bias = Tensor::<4>::from_data(TensorData::new(causal_bias(&lens, t), [b, 1, t, t]), dev);
+            let logits = model.forward(Tensor::<2, Int>::from_data(TensorData::new(toks, [b, t]), dev), prev, &positions, bias, None);
+            let all: Vec<f32> = logits.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 logits");
+            (0..b).map(|i| (0..lens[i]).map(|j| all[(i * t + j) * v..(i * t + j + 1) * v].to_vec()).collect()).collect()
+        })
     }
 
     /// Right-padded batch tensors for sequences: inputs, targets, loss mask, grammar bias.
@@ -325,15 +435,8 @@ impl Policy {
                 }
             }
         }
-        let mut bias = vec![NEG; b * t * t];
-        for (i, s) in seqs.iter().enumerate() {
-            let len = s.tokens.len() - 1;
-            for q in 0..t {
-                for k in 0..=q.min(len.saturating_sub(1)) {
-                    bias[(i * t + q) * t + k] = 0.0;
-                }
-            }
-        }
+        let lens: Vec<usize> = seqs.iter().map(|s| s.tokens.len() - 1).collect();
+        let bias = causal_bias(&lens, t);
         let f2 = |x: Vec<f32>| Tensor::<2>::from_data(TensorData::new(x, [b, t]), dev);
         Batch {
             prev: Tensor::<2, Int>::from_data(TensorData::new(previous_tokens(&inputs, b, t), [b, t]), dev),
@@ -414,10 +517,10 @@ impl Policy {
         let (total, mut m) = self.loss(seqs, grammar, loss, temperature);
         m.loss = total.clone().into_scalar::<f32>() as f64;
         let grads = total.backward();
-        let g = read_grads(&self.model, &grads);
-        let mut params = read_params(&self.model);
+        let g = read_grads_where(&self.model, &grads, Some(&self.trainable));
+        let mut params = self.trainable_params();
         m.grad_norm = self.optim.update(&mut params, &g, lr);
-        self.model = write_params(self.model.clone(), &params);
+        self.model = write_params_where(self.model.clone(), Some(&self.trainable), &params);
         m
     }
 }
@@ -446,6 +549,20 @@ struct Batch {
     grammar: Tensor<3>,
     attn: Tensor<4>,
     positions: Vec<Vec<usize>>,
+}
+
+/// `[B, 1, T, T]` additive attention bias, row-major: each query sees the keys up to itself and
+/// within its sequence's length (`lens[i]` of the `t` padded positions).
+fn causal_bias(lens: &[usize], t: usize) -> Vec<f32> {
+    let mut bias = vec![NEG; lens.len() * t * t];
+    for (i, &len) in lens.iter().enumerate() {
+        for q in 0..t {
+            for k in 0..=q.min(len.saturating_sub(1)) {
+                bias[(i * t + q) * t + k] = 0.0;
+            }
+        }
+    }
+    bias
 }
 
 /// Row-major `[b, t]` tokens shifted one place right within each row (`PAD` first).

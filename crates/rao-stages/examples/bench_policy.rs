@@ -24,6 +24,7 @@ fn main() {
         d_ff: 3 * d,
         rope_theta: 10_000.0,
         prev_token: false,
+        ..ModelConfig::tiny()
     };
     let mut policy = Policy::new(cfg.clone(), Backend::Cpu, 1).unwrap();
     println!("model: d={d} layers={layers} params={} vocab={}", policy.model.num_params(), cfg.vocab);

@@ -8,24 +8,38 @@ use rayon::prelude::*;
 use super::gemm::{View, matmul};
 use super::simd::{dot, exp_shifted, max, simd_fn};
 
-/// Shapes: `batch` sequences of `t` rows each, `heads` heads of `dh` columns (`D = heads·dh`),
-/// keys `s` per query (`s = t` here: no cache).
+/// Shapes: `batch` sequences of `t` rows each, `heads` query heads and `kv_heads` key/value heads
+/// (each serving `heads / kv_heads` query heads) of `dh` columns.
 #[derive(Debug, Clone, Copy)]
 pub struct Dims {
     pub batch: usize,
     pub t: usize,
     pub heads: usize,
+    pub kv_heads: usize,
     pub dh: usize,
 }
 
 impl Dims {
-    fn d(&self) -> usize {
+    /// Width of the queries (and of the output).
+    pub fn dq(&self) -> usize {
         self.heads * self.dh
+    }
+    /// Width of the keys and of the values.
+    pub fn dkv(&self) -> usize {
+        self.kv_heads * self.dh
+    }
+    /// Width of a `qkv` row.
+    pub fn width(&self) -> usize {
+        self.dq() + 2 * self.dkv()
+    }
+    fn group(&self) -> usize {
+        self.heads / self.kv_heads
     }
 }
 
-/// Inputs of the forward pass: `qkv: [B·T, 3D]` (queries, keys, values side by side, as one
-/// projection makes them), rotary tables `cos`, `sin: [B·T, D]`, `bias: [B, T, T]` (0 or −∞).
+/// Inputs of the forward pass: `qkv: [B·T, Dq + 2·Dkv]` (queries, keys, values side by side, as
+/// one projection makes them), rotary tables `cos`, `sin: [B·T, Dh]` (shared by a row's heads),
+/// `bias: [B, T, T]` (0 or −∞).
 pub struct Inputs<'a> {
     pub qkv: &'a [f32],
     pub cos: &'a [f32],
@@ -33,42 +47,41 @@ pub struct Inputs<'a> {
     pub bias: &'a [f32],
 }
 
-/// What the backward pass needs besides the inputs and the output: the rotated queries and keys
-/// (`[B·T, D]`) and the attention probabilities (`[B, H, T, T]`).
+/// What the backward pass needs besides the inputs and the output: the rotated queries
+/// (`[B·T, Dq]`) and keys (`[B·T, Dkv]`) and the attention probabilities (`[B, H, T, T]`).
 pub struct Saved {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub probs: Vec<f32>,
 }
 
-/// `out = softmax(q̃·k̃ᵀ + bias)·v` per head, with rotary positions `q̃ = q·cos + rot(q)·sin`
-/// (`rot`: each head's halves `[x₁, x₂] → [−x₂, x₁]`), the same for `k̃`. Returns `out`
-/// (`[B·T, D]`) and what the backward pass needs.
+/// `out = softmax(q̃·k̃ᵀ + bias)·v` per query head (keys and values of its group's head), with
+/// rotary positions `q̃ = q·cos + rot(q)·sin` (`rot`: each head's halves `[x₁, x₂] → [−x₂, x₁]`),
+/// the same for `k̃`. Returns `out` (`[B·T, Dq]`) and what the backward pass needs.
 pub fn forward(x: &Inputs, dims: Dims) -> (Vec<f32>, Saved) {
-    let Dims { batch, t, heads, dh } = dims;
-    let d = dims.d();
-    let rotate = |offset: usize| -> Vec<f32> {
-        let mut out = vec![0.0; batch * t * d];
-        out.par_chunks_mut(t * d).enumerate().for_each(|(b, o)| {
-            let (r, r3) = (b * t * d..(b + 1) * t * d, b * t * 3 * d..(b + 1) * t * 3 * d);
-            rotate_rows(o, &x.qkv[r3], offset, &x.cos[r.clone()], &x.sin[r], d, dh);
+    let Dims { batch, t, heads, dh, .. } = dims;
+    let (dq, dkv, w, group) = (dims.dq(), dims.dkv(), dims.width(), dims.group());
+    let rotate = |offset: usize, width: usize| -> Vec<f32> {
+        let mut out = vec![0.0; batch * t * width];
+        out.par_chunks_mut(t * width).enumerate().for_each(|(b, o)| {
+            let r = b * t * dh..(b + 1) * t * dh;
+            rotate_rows(o, &x.qkv[b * t * w..(b + 1) * t * w], offset, width, w, &x.cos[r.clone()], &x.sin[r], dh);
         });
         out
     };
-    let (q, k) = (rotate(0), rotate(d));
+    let (q, k) = (rotate(0, dq), rotate(dq, dkv));
     let mut probs = vec![0.0; batch * heads * t * t];
-    let mut out = vec![0.0; batch * t * d];
-    (probs.par_chunks_mut(heads * t * t), out.par_chunks_mut(t * d)).into_par_iter().enumerate().for_each(|(b, (p, o))| {
-        let r = b * t * d..(b + 1) * t * d;
+    let mut out = vec![0.0; batch * t * dq];
+    (probs.par_chunks_mut(heads * t * t), out.par_chunks_mut(t * dq)).into_par_iter().enumerate().for_each(|(b, (p, o))| {
         let bias = &x.bias[b * t * t..(b + 1) * t * t];
         let limits = key_limits(bias, t);
-        let (q, k, v) = (&q[r.clone()], &k[r], &x.qkv[b * t * 3 * d + 2 * d..(b + 1) * t * 3 * d]);
-        let (head, head_v, square) = (View::rows(t, dh, d), View::rows(t, dh, 3 * d), View::rows(t, t, t));
+        let (q, k, v) = (&q[b * t * dq..(b + 1) * t * dq], &k[b * t * dkv..(b + 1) * t * dkv], &x.qkv[b * t * w + dq + dkv..(b + 1) * t * w]);
+        let (head_q, head_k, head_v, square) = (View::rows(t, dh, dq), View::rows(t, dh, dkv), View::rows(t, dh, w), View::rows(t, t, t));
         for h in 0..heads {
-            let (c0, p) = (h * dh, &mut p[h * t * t..(h + 1) * t * t]);
-            matmul(p, square, false, &q[c0..], head, &k[c0..], head.t());
+            let (cq, ck, p) = (h * dh, (h / group) * dh, &mut p[h * t * t..(h + 1) * t * t]);
+            matmul(p, square, false, &q[cq..], head_q, &k[ck..], head_k.t());
             softmax_rows(p, bias, &limits, t);
-            matmul(&mut o[c0..], head, false, p, square, &v[c0..], head_v);
+            matmul(&mut o[cq..], head_q, false, p, square, &v[ck..], head_v);
         }
     });
     (out, Saved { q, k, probs })
@@ -93,31 +106,33 @@ simd_fn! {
     }
 }
 
-/// Backward pass from the forward's output `out` and its gradient `grad_out` (both `[B·T, D]`):
-/// the gradient of `qkv`, `[B·T, 3D]`.
+/// Backward pass from the forward's output `out` and its gradient `grad_out` (both `[B·T, Dq]`):
+/// the gradient of `qkv`, `[B·T, Dq + 2·Dkv]`.
 pub fn backward(x: &Inputs, saved: &Saved, out: &[f32], grad_out: &[f32], dims: Dims) -> Vec<f32> {
-    let Dims { batch, t, heads, dh } = dims;
-    let d = dims.d();
-    let mut grad = vec![0.0; batch * t * 3 * d];
-    grad.par_chunks_mut(t * 3 * d).enumerate().for_each(|(b, grad)| {
-        let r = b * t * d..(b + 1) * t * d;
+    let Dims { batch, t, heads, dh, .. } = dims;
+    let (dq, dkv, w, group) = (dims.dq(), dims.dkv(), dims.width(), dims.group());
+    let mut grad = vec![0.0; batch * t * w];
+    grad.par_chunks_mut(t * w).enumerate().for_each(|(b, grad)| {
+        let (rq, rk, rt) = (b * t * dq..(b + 1) * t * dq, b * t * dkv..(b + 1) * t * dkv, b * t * dh..(b + 1) * t * dh);
         let limits = key_limits(&x.bias[b * t * t..(b + 1) * t * t], t);
-        let v = &x.qkv[b * t * 3 * d + 2 * d..(b + 1) * t * 3 * d];
-        let (q, k, out, go) = (&saved.q[r.clone()], &saved.k[r.clone()], &out[r.clone()], &grad_out[r.clone()]);
-        let (head, head_v, square) = (View::rows(t, dh, d), View::rows(t, dh, 3 * d), View::rows(t, t, t));
-        let (mut ds, mut dq, mut dk) = (vec![0.0; t * t], vec![0.0; t * d], vec![0.0; t * d]);
+        let v = &x.qkv[b * t * w + dq + dkv..(b + 1) * t * w];
+        let (q, k, out, go) = (&saved.q[rq.clone()], &saved.k[rk], &out[rq.clone()], &grad_out[rq]);
+        let (head_q, head_k, head_v, square) = (View::rows(t, dh, dq), View::rows(t, dh, dkv), View::rows(t, dh, w), View::rows(t, t, t));
+        let (mut ds, mut dqs, mut dks) = (vec![0.0; t * t], vec![0.0; t * dq], vec![0.0; t * dkv]);
         for h in 0..heads {
-            let c0 = h * dh;
+            let (cq, ck) = (h * dh, (h / group) * dh);
+            // The heads of a group add up into their key/value head's gradient.
+            let later_in_group = h % group != 0;
             let p = &saved.probs[(b * heads + h) * t * t..(b * heads + h + 1) * t * t];
-            matmul(&mut ds, square, false, &go[c0..], head, &v[c0..], head_v.t());
-            softmax_grad_rows(&mut ds, p, &go[c0..], &out[c0..], &limits, t, d, dh);
-            matmul(&mut dq[c0..], head, false, &ds, square, &k[c0..], head);
-            matmul(&mut dk[c0..], head, false, &ds, square.t(), &q[c0..], head);
-            matmul(&mut grad[2 * d + c0..], head_v, false, p, square.t(), &go[c0..], head);
+            matmul(&mut ds, square, false, &go[cq..], head_q, &v[ck..], head_v.t());
+            softmax_grad_rows(&mut ds, p, &go[cq..], &out[cq..], &limits, t, dq, dh);
+            matmul(&mut dqs[cq..], head_q, false, &ds, square, &k[ck..], head_k);
+            matmul(&mut dks[ck..], head_k, later_in_group, &ds, square.t(), &q[cq..], head_q);
+            matmul(&mut grad[dq + dkv + ck..], head_v, later_in_group, p, square.t(), &go[cq..], head_q);
         }
         // Back through the rotation, into the query and key columns.
-        unrotate_rows(grad, 0, &dq, &x.cos[r.clone()], &x.sin[r.clone()], d, dh);
-        unrotate_rows(grad, d, &dk, &x.cos[r.clone()], &x.sin[r], d, dh);
+        unrotate_rows(grad, 0, dq, w, &dqs, &x.cos[rt.clone()], &x.sin[rt.clone()], dh);
+        unrotate_rows(grad, dq, dkv, w, &dks, &x.cos[rt.clone()], &x.sin[rt], dh);
     });
     grad
 }
@@ -129,15 +144,16 @@ fn key_limits(bias: &[f32], t: usize) -> Vec<usize> {
 }
 
 simd_fn! {
-    /// `out = x·cos + rot(x)·sin` on rows of heads of `dh` columns; `x` holds the rows at
-    /// column `offset` of rows three times as wide (the `qkv` layout).
-    fn rotate_rows(out: &mut [f32], qkv: &[f32], offset: usize, cos: &[f32], sin: &[f32], d: usize, dh: usize) {
+    /// `out = x·cos + rot(x)·sin` on rows of heads of `dh` columns; `x` holds the `width` columns
+    /// at `offset` of rows `stride` wide (the `qkv` layout); `cos`, `sin` hold one `dh` row per row.
+    fn rotate_rows(out: &mut [f32], qkv: &[f32], offset: usize, width: usize, stride: usize, cos: &[f32], sin: &[f32], dh: usize) {
         let half = dh / 2;
-        for (((o, x), c), s) in out.chunks_exact_mut(d).zip(qkv.chunks_exact(3 * d)).zip(cos.chunks_exact(d)).zip(sin.chunks_exact(d)) {
-            let x = &x[offset..offset + d];
-            for (((o, x), c), s) in o.chunks_exact_mut(dh).zip(x.chunks_exact(dh)).zip(c.chunks_exact(dh)).zip(s.chunks_exact(dh)) {
+        for (((o, x), c), s) in out.chunks_exact_mut(width).zip(qkv.chunks_exact(stride)).zip(cos.chunks_exact(dh)).zip(sin.chunks_exact(dh)) {
+            let x = &x[offset..offset + width];
+            let ((c_lo, c_hi), (s_lo, s_hi)) = (c.split_at(half), s.split_at(half));
+            for (o, x) in o.chunks_exact_mut(dh).zip(x.chunks_exact(dh)) {
                 let (o_lo, o_hi) = o.split_at_mut(half);
-                let ((x_lo, x_hi), (c_lo, c_hi), (s_lo, s_hi)) = (x.split_at(half), c.split_at(half), s.split_at(half));
+                let (x_lo, x_hi) = x.split_at(half);
                 for j in 0..half {
                     o_lo[j] = x_lo[j] * c_lo[j] - x_hi[j] * s_lo[j];
                     o_hi[j] = x_hi[j] * c_hi[j] + x_lo[j] * s_hi[j];
@@ -149,14 +165,15 @@ simd_fn! {
 
 simd_fn! {
     /// The transpose of [`rotate_rows`]: the gradient of its input from the gradient `g` of its
-    /// output, written at column `offset` of the `qkv`-layout rows of `out`.
-    fn unrotate_rows(out: &mut [f32], offset: usize, g: &[f32], cos: &[f32], sin: &[f32], d: usize, dh: usize) {
+    /// output, written at the `width` columns at `offset` of the `stride`-wide rows of `out`.
+    fn unrotate_rows(out: &mut [f32], offset: usize, width: usize, stride: usize, g: &[f32], cos: &[f32], sin: &[f32], dh: usize) {
         let half = dh / 2;
-        for (((o, g), c), s) in out.chunks_exact_mut(3 * d).zip(g.chunks_exact(d)).zip(cos.chunks_exact(d)).zip(sin.chunks_exact(d)) {
-            let o = &mut o[offset..offset + d];
-            for (((o, g), c), s) in o.chunks_exact_mut(dh).zip(g.chunks_exact(dh)).zip(c.chunks_exact(dh)).zip(s.chunks_exact(dh)) {
+        for (((o, g), c), s) in out.chunks_exact_mut(stride).zip(g.chunks_exact(width)).zip(cos.chunks_exact(dh)).zip(sin.chunks_exact(dh)) {
+            let o = &mut o[offset..offset + width];
+            let ((c_lo, c_hi), (s_lo, s_hi)) = (c.split_at(half), s.split_at(half));
+            for (o, g) in o.chunks_exact_mut(dh).zip(g.chunks_exact(dh)) {
                 let (o_lo, o_hi) = o.split_at_mut(half);
-                let ((g_lo, g_hi), (c_lo, c_hi), (s_lo, s_hi)) = (g.split_at(half), c.split_at(half), s.split_at(half));
+                let (g_lo, g_hi) = g.split_at(half);
                 for j in 0..half {
                     o_lo[j] = g_lo[j] * c_lo[j] + g_hi[j] * s_hi[j];
                     o_hi[j] = g_hi[j] * c_hi[j] - g_lo[j] * s_lo[j];

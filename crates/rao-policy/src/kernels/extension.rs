@@ -18,14 +18,15 @@ use super::pointwise;
 
 #[backend_extension(Flex, Autodiff)]
 pub trait FusedOps: Backend {
-    /// See [`attention::forward`]: `qkv: [B·T, 3D]`, `cos`, `sin: [B·T, D]`, `bias: [B, T, T]`;
-    /// returns `[B·T, D]`.
+    /// See [`attention::forward`]: `qkv: [B·T, Dq + 2·Dkv]`, `cos`, `sin: [B·T, Dh]`,
+    /// `bias: [B, T, T]`; returns `[B·T, Dq]`.
     fn rope_attention(
         qkv: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         heads: usize,
+        kv_heads: usize,
     ) -> FloatTensor<Self>;
     /// `silu(a)·b` for rows `[a, b]` of `gu: [N, 2F]`; returns `[N, F]`.
     fn swiglu(gu: FloatTensor<Self>) -> FloatTensor<Self>;
@@ -58,13 +59,15 @@ struct AttentionArgs {
 }
 
 impl AttentionArgs {
-    fn new(t: [FlexTensor; 4], heads: usize) -> Self {
+    fn new(t: [FlexTensor; 4], heads: usize, kv_heads: usize) -> Self {
         let tensors = t.map(contiguous);
-        let [rows, d] = tensors[1].shape().dims::<2>();
+        let [rows, dh] = tensors[1].shape().dims::<2>();
         let [batch, t, _] = tensors[3].shape().dims::<3>();
-        assert_eq!(tensors[0].shape().dims::<2>(), [rows, 3 * d], "qkv must be [B·T, 3D]");
-        assert_eq!(batch * t, rows, "attention bias must be [B, T, T] for [B·T, D] rows");
-        AttentionArgs { tensors, dims: Dims { batch, t, heads, dh: d / heads } }
+        let dims = Dims { batch, t, heads, kv_heads, dh };
+        assert!(kv_heads > 0 && heads % kv_heads == 0, "{heads} query heads in groups of {kv_heads} key/value heads");
+        assert_eq!(tensors[0].shape().dims::<2>(), [rows, dims.width()], "qkv must be [B·T, Dq + 2·Dkv]");
+        assert_eq!(batch * t, rows, "attention bias must be [B, T, T] for [B·T, ·] rows");
+        AttentionArgs { tensors, dims }
     }
 
     fn inputs(&self) -> attention::Inputs<'_> {
@@ -72,15 +75,15 @@ impl AttentionArgs {
         attention::Inputs { qkv, cos, sin, bias }
     }
 
-    /// `[B·T, D]`, the output's shape.
+    /// `[B·T, Dq]`, the output's shape.
     fn out_shape(&self) -> Shape {
-        self.tensors[1].shape()
+        Shape::from(vec![self.dims.batch * self.dims.t, self.dims.dq()])
     }
 }
 
 impl FusedOps for Flex {
-    fn rope_attention(qkv: FlexTensor, cos: FlexTensor, sin: FlexTensor, bias: FlexTensor, heads: usize) -> FlexTensor {
-        let args = AttentionArgs::new([qkv, cos, sin, bias], heads);
+    fn rope_attention(qkv: FlexTensor, cos: FlexTensor, sin: FlexTensor, bias: FlexTensor, heads: usize, kv_heads: usize) -> FlexTensor {
+        let args = AttentionArgs::new([qkv, cos, sin, bias], heads, kv_heads);
         tensor(attention::forward(&args.inputs(), args.dims).0, args.out_shape())
     }
 
@@ -131,6 +134,7 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
         sin: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         heads: usize,
+        kv_heads: usize,
     ) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct RopeAttention;
@@ -148,7 +152,7 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
         }
         // cos, sin and bias are constants (rotary tables, mask): no gradient flows to them.
         let prims = [&qkv, &cos, &sin, &bias].map(|t| t.primitive().clone());
-        let args = AttentionArgs::new(prims, heads);
+        let args = AttentionArgs::new(prims, heads, kv_heads);
         let (out, saved) = attention::forward(&args.inputs(), args.dims);
         let out = tensor(out, args.out_shape());
         match RopeAttention.prepare::<C>([qkv.node()]).compute_bound().stateful() {

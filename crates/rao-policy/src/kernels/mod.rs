@@ -48,7 +48,17 @@ pub fn rms_norm(norm: &RmsNorm, x: Tensor<2>) -> Tensor<2> {
     if !fused(&x) {
         return norm.forward(x);
     }
-    let out = <Dispatch as FusedOps>::rms_norm(x.into_dispatch(), norm.gamma.val().into_dispatch(), norm.epsilon as f32);
+    rms_norm_with(x, norm.gamma.val(), norm.epsilon)
+}
+
+/// RMSNorm of the rows of `x: [N, D]` with gain `gamma: [D]`.
+pub fn rms_norm_with(x: Tensor<2>, gamma: Tensor<1>, epsilon: f64) -> Tensor<2> {
+    if !fused(&x) {
+        // Burn's `RmsNorm::forward`, with a gain that is not a parameter.
+        let rms = (x.clone().square().mean_dim(1) + epsilon).sqrt();
+        return (x / rms) * gamma.unsqueeze_dim(0);
+    }
+    let out = <Dispatch as FusedOps>::rms_norm(x.into_dispatch(), gamma.into_dispatch(), epsilon as f32);
     Tensor::from_dispatch(out)
 }
 
@@ -64,24 +74,28 @@ pub fn swiglu(gu: Tensor<2>) -> Tensor<2> {
 }
 
 /// Multi-head attention over `batch` sequences without a cache, from the projections
-/// `qkv: [B·T, 3D]` (queries, keys, values side by side), with rotary positions
-/// `x·cos + (x·R)·sin` (`rotate` = R, the rotate-half permutation; `cos`, `sin: [B·T, D]`) and an
-/// additive `bias: [B, 1, T, T]` (0 or −∞). Returns the heads merged, `[B·T, D]`.
+/// `qkv: [B·T, Dq + 2·Dkv]` (queries, keys, values side by side; `heads = (query heads,
+/// key/value heads)`, each key/value head serving a group of query heads), with rotary positions
+/// `x·cos + rot(x)·sin` (`cos`, `sin: [B·T, Dh]`, [`rope`]) and an additive `bias: [B, 1, T, T]`
+/// (0 or −∞). Returns the heads merged, `[B·T, Dq]`.
 pub fn rope_attention(
     qkv: Tensor<2>,
-    rotate: &Tensor<2>,
     (cos, sin): (&Tensor<2>, &Tensor<2>),
     bias: &Tensor<4>,
     batch: usize,
-    heads: usize,
+    (heads, kv_heads): (usize, usize),
 ) -> Tensor<2> {
-    let [n, d3] = qkv.dims();
-    let (d, t) = (d3 / 3, n / batch);
+    let [n, width] = qkv.dims();
+    let dh = cos.dims()[1];
+    let (dq, dkv, t) = (heads * dh, kv_heads * dh, n / batch);
+    assert_eq!(width, dq + 2 * dkv, "qkv must be [B·T, Dq + 2·Dkv]");
     if !fused(&qkv) {
-        let [q, k, v] = split_qkv(qkv);
-        let split = |y: Tensor<2>| y.reshape([batch, t, heads, d / heads]).swap_dims(1, 2);
-        let scores = split(rope(q, rotate, (cos, sin))).matmul(split(rope(k, rotate, (cos, sin))).swap_dims(2, 3)) + bias.clone();
-        return softmax(scores, 3).matmul(split(v)).swap_dims(1, 2).reshape([n, d]);
+        let [q, k, v] = split_qkv(qkv, dq, dkv);
+        let split = |y: Tensor<2>, hs: usize| y.reshape([batch, t, hs, dh]).swap_dims(1, 2);
+        let group = heads / kv_heads;
+        let k = repeat_kv(split(rope(k, (cos, sin)), kv_heads), group);
+        let scores = split(rope(q, (cos, sin)), heads).matmul(k.swap_dims(2, 3)) + bias.clone();
+        return softmax(scores, 3).matmul(repeat_kv(split(v, kv_heads), group)).swap_dims(1, 2).reshape([n, dq]);
     }
     let bias = bias.clone().reshape([batch, t, t]);
     let out = <Dispatch as FusedOps>::rope_attention(
@@ -90,21 +104,37 @@ pub fn rope_attention(
         sin.clone().into_dispatch(),
         bias.into_dispatch(),
         heads,
+        kv_heads,
     );
     Tensor::from_dispatch(out)
 }
 
-/// Rotary positions with Burn's ops: `x·cos + (x·R)·sin` (`rotate` = R, the rotate-half
-/// permutation), for the decomposed path and the sampler's cached one.
-pub fn rope(x: Tensor<2>, rotate: &Tensor<2>, (cos, sin): (&Tensor<2>, &Tensor<2>)) -> Tensor<2> {
-    x.clone() * cos.clone() + x.matmul(rotate.clone()) * sin.clone()
+/// Rotary positions with Burn's ops on rows of heads `x: [N, H·Dh]`: `x·cos + rot(x)·sin` with
+/// `cos`, `sin: [N, Dh]` shared by the heads of a row and `rot` each head's halves
+/// `[x₁, x₂] → [−x₂, x₁]` (rotate-half), for the decomposed path and the sampler's cached one.
+pub fn rope(x: Tensor<2>, (cos, sin): (&Tensor<2>, &Tensor<2>)) -> Tensor<2> {
+    let [n, w] = x.dims();
+    let dh = cos.dims()[1];
+    let (heads, half) = (w / dh, dh / 2);
+    let x = x.reshape([n, heads, dh]);
+    let rotated = Tensor::cat(vec![x.clone().slice([0..n, 0..heads, half..dh]).neg(), x.clone().slice([0..n, 0..heads, 0..half])], 2);
+    (x * cos.clone().unsqueeze_dim(1) + rotated * sin.clone().unsqueeze_dim(1)).reshape([n, w])
 }
 
-/// `[B·T, 3D]` → queries, keys, values.
-pub fn split_qkv(qkv: Tensor<2>) -> [Tensor<2>; 3] {
-    let [n, d3] = qkv.dims();
-    let d = d3 / 3;
-    [0, 1, 2].map(|i| qkv.clone().slice([0..n, i * d..(i + 1) * d]))
+/// `[N, Dq + 2·Dkv]` → queries `[N, Dq]`, keys and values `[N, Dkv]`.
+pub fn split_qkv(qkv: Tensor<2>, dq: usize, dkv: usize) -> [Tensor<2>; 3] {
+    let [n, _] = qkv.dims();
+    [0..dq, dq..dq + dkv, dq + dkv..dq + 2 * dkv].map(|r| qkv.clone().slice([0..n, r]))
+}
+
+/// `[B, H_kv, S, Dh]` → `[B, H_kv·group, S, Dh]`: each key/value head repeated for the `group`
+/// query heads it serves (query head `h` reads key/value head `h / group`).
+pub fn repeat_kv(x: Tensor<4>, group: usize) -> Tensor<4> {
+    if group == 1 {
+        return x;
+    }
+    let [b, h, s, dh] = x.dims();
+    x.unsqueeze_dim::<5>(2).expand([b, h, group, s, dh]).reshape([b, h * group, s, dh])
 }
 
 /// `x·w` for `x: [N, D]`, `w: [D, F]` (the fused path allocates its output without zeroing it,

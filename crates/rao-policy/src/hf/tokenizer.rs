@@ -1,0 +1,88 @@
+//! A checkpoint's tokenizer (`tokenizer.json`, through Hugging Face's own `tokenizers` crate) and
+//! its special tokens (`tokenizer_config.json`).
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::chat::ChatTemplate;
+use super::files::{locate, read_json, read_text};
+
+/// The largest `tokenizer.json` read.
+const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    /// `bos_token` / `eos_token` of `tokenizer_config.json`, as text.
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    /// The chat template (`tokenizer_config.json`'s `chat_template`, or `chat_template.jinja`).
+    pub chat: Option<ChatTemplate>,
+}
+
+impl TextTokenizer {
+    /// Reads `tokenizer.json` and, when present, `tokenizer_config.json` and `chat_template.jinja`.
+    pub fn load(dir: &Path) -> anyhow::Result<TextTokenizer> {
+        let path = dir.join("tokenizer.json");
+        let text = read_text(&path, MAX_TOKENIZER_BYTES)?;
+        let inner: tokenizers::Tokenizer = text.parse().map_err(|e| anyhow::anyhow!("{}: not a readable tokenizer ({e})", path.display()))?;
+        let mut tok = TextTokenizer { inner, bos_token: None, eos_token: None, chat: None };
+        let config = dir.join("tokenizer_config.json");
+        if config.exists() {
+            let (cfg, text): (Value, String) = read_json(&config)?;
+            let token = |key: &str| -> anyhow::Result<Option<String>> {
+                match cfg.get(key) {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(Value::String(s)) => Ok(Some(s.clone())),
+                    Some(Value::Object(o)) => match o.get("content") {
+                        Some(Value::String(s)) => Ok(Some(s.clone())),
+                        _ => anyhow::bail!("{}: `{key}` needs a `content` string", locate(&config, &text, key)),
+                    },
+                    Some(_) => anyhow::bail!("{}: `{key}` must be a string", locate(&config, &text, key)),
+                }
+            };
+            tok.bos_token = token("bos_token")?;
+            tok.eos_token = token("eos_token")?;
+            let template = match cfg.get("chat_template") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.clone()),
+                // A list of named templates: the one called "default".
+                Some(Value::Array(named)) => named
+                    .iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                    .and_then(|t| t.get("template").and_then(Value::as_str))
+                    .map(str::to_string),
+                Some(_) => anyhow::bail!("{}: `chat_template` must be a string", locate(&config, &text, "chat_template")),
+            };
+            if let Some(t) = template {
+                tok.chat = Some(ChatTemplate::new(t, tok.bos_token.clone(), tok.eos_token.clone()).map_err(|e| anyhow::anyhow!("{}: {e}", locate(&config, &text, "chat_template")))?);
+            }
+        }
+        let jinja = dir.join("chat_template.jinja");
+        if tok.chat.is_none() && jinja.exists() {
+            let source = read_text(&jinja, 1 << 20)?;
+            tok.chat = Some(ChatTemplate::new(source, tok.bos_token.clone(), tok.eos_token.clone()).map_err(|e| anyhow::anyhow!("{}: {e}", jinja.display()))?);
+        }
+        Ok(tok)
+    }
+
+    /// Token ids of `text` (with the tokenizer's own special tokens, e.g. a leading BOS, when
+    /// `add_special_tokens`).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> anyhow::Result<Vec<u32>> {
+        Ok(self.inner.encode(text, add_special_tokens).map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> anyhow::Result<String> {
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| anyhow::anyhow!("detokenizing: {e}"))
+    }
+
+    /// The id of a token (added or special tokens included).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Number of ids (added tokens included).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
