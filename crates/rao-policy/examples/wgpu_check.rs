@@ -82,8 +82,16 @@ fn close(a: f64, b: f64) -> bool {
 fn main() -> anyhow::Result<()> {
     let world = textcraft::generate(&SynthConfig::small(), 1);
     let grammar = TextCraftGrammar::new(&world, 4);
-    let cfg =
-        ModelConfig { vocab: world.vocab.len(), d_model: 32, n_layers: 2, n_heads: 4, d_ff: 64, rope_theta: 10_000.0, prev_token: false, ..ModelConfig::tiny() };
+    let cfg = ModelConfig {
+        vocab: world.vocab.len(),
+        d_model: 32,
+        n_layers: 2,
+        n_heads: 4,
+        d_ff: 64,
+        rope_theta: 10_000.0,
+        prev_token: false,
+        ..ModelConfig::tiny()
+    };
     let reqs = requests(&world);
     let outs = Policy::new(cfg.clone(), Backend::Cpu, 7)?.sample(&reqs, &grammar, 1.0);
     let seqs = sequences(&reqs, &outs);

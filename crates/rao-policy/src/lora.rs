@@ -44,8 +44,15 @@ pub enum LoraTarget {
 }
 
 impl LoraTarget {
-    pub const ALL: [LoraTarget; 7] =
-        [LoraTarget::QProj, LoraTarget::KProj, LoraTarget::VProj, LoraTarget::OProj, LoraTarget::GateProj, LoraTarget::UpProj, LoraTarget::DownProj];
+    pub const ALL: [LoraTarget; 7] = [
+        LoraTarget::QProj,
+        LoraTarget::KProj,
+        LoraTarget::VProj,
+        LoraTarget::OProj,
+        LoraTarget::GateProj,
+        LoraTarget::UpProj,
+        LoraTarget::DownProj,
+    ];
 
     /// The module name (`q_proj`, …) PEFT's `target_modules` lists.
     pub fn module_name(self) -> &'static str {
@@ -77,10 +84,6 @@ impl LoraConfig {
             self.dropout
         );
         Ok(())
-    }
-
-    fn scale(&self) -> f64 {
-        self.alpha / self.rank as f64
     }
 }
 
@@ -117,43 +120,38 @@ pub fn apply(model: Transformer, cfg: &ModelConfig, lora: &LoraConfig, seed: u64
     let targets: Vec<_> = slots.iter().filter_map(|s| if let Slot::A(i) = s { Some(param_id(*i)) } else { None }).collect();
     let mut rng = rao_envs::rng::Rng::new(seed);
     let model = model.apply_lora(Lora::new(lora.rank, lora.alpha).set_param_group(ParamGroup::from_ids(targets)));
-    Ok(map_slots(model, &slots, |slot, t| match slot {
-        Slot::Base(_) => t,
+    Ok(map_slots(model, &slots, |slot, [d_in, d_out], device| match slot {
         Slot::A(_) => {
-            let [d_in, r] = t.dims();
             let bound = 1.0 / (d_in as f64).sqrt();
-            let v: Vec<f32> = (0..d_in * r).map(|_| ((rng.f64() * 2.0 - 1.0) * bound) as f32).collect();
-            Tensor::from_data(TensorData::new(v, [d_in, r]), &t.device()).require_grad()
+            let v: Vec<f32> = (0..d_in * d_out).map(|_| ((rng.f64() * 2.0 - 1.0) * bound) as f32).collect();
+            Tensor::from_data(TensorData::new(v, [d_in, d_out]), device)
         }
-        Slot::B(_) => t.zeros_like().require_grad(),
+        _ => Tensor::zeros([d_in, d_out], device),
     }))
 }
 
-/// Every parameter replaced by `f(slot, value)` (2-D parameters only are passed through `f`;
-/// others keep their values), ids set to the visit order.
-fn map_slots(model: Transformer, slots: &[Slot], f: impl FnMut(Slot, Tensor<2>) -> Tensor<2>) -> Transformer {
+/// Every adapter factor replaced by a fresh trainable tensor `f(slot, shape, device)`; base
+/// parameters keep their values and frozen state; all ids set to the visit order.
+fn map_slots(model: Transformer, slots: &[Slot], f: impl FnMut(Slot, [usize; 2], &burn::tensor::Device) -> Tensor<2>) -> Transformer {
     struct Map<'a, F> {
         slots: &'a [Slot],
         f: F,
         next: usize,
     }
-    impl<F: FnMut(Slot, Tensor<2>) -> Tensor<2>> ModuleMapper for Map<'_, F> {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+    impl<F: FnMut(Slot, [usize; 2], &burn::tensor::Device) -> Tensor<2>> ModuleMapper for Map<'_, F> {
+        fn map_float<const D: usize>(&mut self, mut param: Param<Tensor<D>>) -> Param<Tensor<D>> {
             let slot = self.slots[self.next];
             let id = param_id(self.next);
             self.next += 1;
-            let grad = param.is_require_grad();
-            let t = param.val();
-            let t = if D == 2 && !matches!(slot, Slot::Base(_)) {
-                let dims = t.dims();
-                let mapped = (self.f)(slot, t.reshape([dims[0], dims[1]]));
-                mapped.reshape(dims)
-            } else {
-                t
-            };
-            let mut p = Param::from_tensor(t).set_require_grad(grad || !matches!(slot, Slot::Base(_)));
-            p.id = id;
-            p
+            if !matches!(slot, Slot::Base(_)) {
+                let t = param.val();
+                let (dims, device) = (t.dims(), t.device());
+                assert_eq!(D, 2, "adapter factors are matrices");
+                let fresh = (self.f)(slot, [dims[0], dims[1]], &device);
+                param = Param::from_tensor(fresh.reshape(dims));
+            }
+            param.id = id;
+            param
         }
     }
     model.map(&mut Map { slots, f, next: 0 })
@@ -188,8 +186,16 @@ pub fn export_peft(cfg: &ModelConfig, lora: &LoraConfig, factors: &[Vec<f32>], b
         let (d_out, d_in) = (layout[i].shape[0], layout[i].shape[1]);
         let module = layout[i].name.strip_suffix(".weight").expect("weights end in .weight");
         let bytes = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        tensors.push((format!("base_model.model.{module}.lora_A.weight"), vec![lora.rank, d_in], bytes(transpose(&factors[2 * k], d_in, lora.rank))));
-        tensors.push((format!("base_model.model.{module}.lora_B.weight"), vec![d_out, lora.rank], bytes(transpose(&factors[2 * k + 1], lora.rank, d_out))));
+        tensors.push((
+            format!("base_model.model.{module}.lora_A.weight"),
+            vec![lora.rank, d_in],
+            bytes(transpose(&factors[2 * k], d_in, lora.rank)),
+        ));
+        tensors.push((
+            format!("base_model.model.{module}.lora_B.weight"),
+            vec![d_out, lora.rank],
+            bytes(transpose(&factors[2 * k + 1], lora.rank, d_out)),
+        ));
     }
     let views = tensors
         .iter()

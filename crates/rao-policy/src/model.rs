@@ -263,7 +263,7 @@ impl Block {
     fn project_qkv(&self, fused: &FusedBlock, hx: Tensor<2>) -> Tensor<2> {
         let mut qkv = kernels::linear(hx, fused.qkv.clone());
         if let Some(b) = &fused.qkv_bias {
-            qkv = qkv + b.clone().unsqueeze_dim(0);
+            qkv = qkv + b.clone().unsqueeze_dim::<2>(0);
         }
         if let (Some(q_gain), Some(k_norm)) = (&fused.q_gain, &self.k_norm) {
             let [n, _] = qkv.dims();

@@ -11,8 +11,8 @@ use rao_envs::rng::Rng;
 use rao_envs::vocab::{EOS, PAD, Tok};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{KvCache, ModelConfig, Transformer, init_params};
 use crate::lora::{self, LoraConfig};
+use crate::model::{KvCache, ModelConfig, Transformer, init_params};
 use crate::params::{AdamW, bytes_to_f32s, f32s_to_bytes, param_shapes, read_grads_where, read_params_where, write_params_where};
 
 /// Masked logits and attention scores: −∞ is exact (exp gives 0) and cheap (glibc's expf returns
@@ -198,7 +198,8 @@ impl Policy {
 
     pub fn checkpoint(&self) -> Checkpoint {
         let params = self.trainable_params();
-        let shapes: Vec<Vec<usize>> = param_shapes(&self.model).into_iter().zip(&self.trainable).filter(|(_, t)| **t).map(|(s, _)| s).collect();
+        let shapes: Vec<Vec<usize>> =
+            param_shapes(&self.model).into_iter().zip(&self.trainable).filter(|(_, t)| **t).map(|(s, _)| s).collect();
         let bytes = match self.lora {
             None => self.model.valid().into_record().into_bytes().expect("a Burn record of in-memory parameters").to_vec(),
             Some(_) => f32s_to_bytes(&params),
@@ -224,7 +225,8 @@ impl Policy {
         let cfg = ck.meta.lora.clone().ok_or_else(|| anyhow::anyhow!("the checkpoint holds no LoRA adapters"))?;
         anyhow::ensure!(ck.meta.config == self.cfg, "the adapters were trained on a model of another shape");
         self.add_lora(cfg, 0)?;
-        let shapes: Vec<Vec<usize>> = param_shapes(&self.model).into_iter().zip(&self.trainable).filter(|(_, t)| **t).map(|(s, _)| s).collect();
+        let shapes: Vec<Vec<usize>> =
+            param_shapes(&self.model).into_iter().zip(&self.trainable).filter(|(_, t)| **t).map(|(s, _)| s).collect();
         anyhow::ensure!(shapes == ck.meta.param_shapes, "the checkpoint's adapter shapes do not match its LoRA settings");
         let values = bytes_to_f32s(&ck.params, &ck.meta.param_sizes)?;
         self.model = write_params_where(self.model.clone(), Some(&self.trainable), &values);
@@ -257,7 +259,10 @@ impl Policy {
         p.restore_optimizer(ck)?;
         p.version = ck.meta.version;
         if let Some(stop) = &ck.meta.stop_tokens {
-            anyhow::ensure!(!stop.is_empty() && stop.iter().all(|&t| (t as usize) < p.cfg.vocab), "checkpoint stop tokens must lie in the vocabulary");
+            anyhow::ensure!(
+                !stop.is_empty() && stop.iter().all(|&t| (t as usize) < p.cfg.vocab),
+                "checkpoint stop tokens must lie in the vocabulary"
+            );
             p.stop_tokens = stop.clone();
         }
         Ok(p)

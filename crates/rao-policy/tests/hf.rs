@@ -198,7 +198,8 @@ fn exported_checkpoints_load_in_transformers_with_the_same_logits() {
         let mut model = load(name);
         let grammar = AnyToken(model.policy.cfg.vocab);
         // Train a step first, so the export holds rao's weights, not the ones it loaded.
-        let seqs: Vec<Sequence> = exp.prompts.iter().map(|p| Sequence::from_completion(&p[..1], &p[1..], &vec![0.0; p.len() - 1], 1.0, false)).collect();
+        let seqs: Vec<Sequence> =
+            exp.prompts.iter().map(|p| Sequence::from_completion(&p[..1], &p[1..], &vec![0.0; p.len() - 1], 1.0, false)).collect();
         model.policy.train_step(&seqs, &grammar, Loss::Supervised, 1e-2, 1.0);
         let out = tempfile::tempdir().unwrap();
         hf::export(&model.policy, Some(&fixtures().join(name)), out.path()).unwrap();
@@ -281,7 +282,8 @@ fn lora_adapters_train_alone_and_load_in_peft() {
         model.policy.add_lora(lora, 3).unwrap();
         // B = 0: the adapted model computes what the base did.
         assert_eq!(max_difference(&logits(&model.policy, &exp.prompts), &exp.logits) < LOGIT_TOLERANCE, true);
-        let seqs: Vec<Sequence> = exp.prompts.iter().map(|p| Sequence::from_completion(&p[..1], &p[1..], &vec![0.0; p.len() - 1], 1.0, false)).collect();
+        let seqs: Vec<Sequence> =
+            exp.prompts.iter().map(|p| Sequence::from_completion(&p[..1], &p[1..], &vec![0.0; p.len() - 1], 1.0, false)).collect();
         for _ in 0..2 {
             model.policy.train_step(&seqs, &grammar, Loss::Supervised, 1e-2, 1.0);
         }

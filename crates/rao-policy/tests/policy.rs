@@ -15,7 +15,16 @@ fn setup() -> (textcraft::World, TextCraftGrammar, Policy) {
 fn setup_with(prev_token: bool) -> (textcraft::World, TextCraftGrammar, Policy) {
     let world = textcraft::generate(&SynthConfig::small(), 1);
     let grammar = TextCraftGrammar::new(&world, 4);
-    let cfg = ModelConfig { vocab: world.vocab.len(), d_model: 32, n_layers: 2, n_heads: 4, d_ff: 64, rope_theta: 10_000.0, prev_token, ..ModelConfig::tiny() };
+    let cfg = ModelConfig {
+        vocab: world.vocab.len(),
+        d_model: 32,
+        n_layers: 2,
+        n_heads: 4,
+        d_ff: 64,
+        rope_theta: 10_000.0,
+        prev_token,
+        ..ModelConfig::tiny()
+    };
     let policy = Policy::new(cfg, Backend::Cpu, 7).unwrap();
     (world, grammar, policy)
 }

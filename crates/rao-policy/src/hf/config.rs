@@ -127,7 +127,9 @@ pub fn read_config(dir: &Path) -> anyhow::Result<HfConfig> {
         "llama" => Family::Llama,
         "qwen2" => Family::Qwen2,
         "qwen3" => Family::Qwen3,
-        other => anyhow::bail!("{}: model_type `{other}` is not supported; rao loads `llama`, `qwen2` and `qwen3` models", at("model_type")),
+        other => {
+            anyhow::bail!("{}: model_type `{other}` is not supported; rao loads `llama`, `qwen2` and `qwen3` models", at("model_type"))
+        }
     };
     if let Some(act) = &raw.hidden_act {
         anyhow::ensure!(act == "silu", "{}: hidden_act `{act}` is not supported (these families use `silu`)", at("hidden_act"));
@@ -156,7 +158,7 @@ pub fn read_config(dir: &Path) -> anyhow::Result<HfConfig> {
     let rope_theta = rope.and_then(|r| r.rope_theta).or(raw.rope_theta).unwrap_or(10_000.0);
     let rope_scaling = match rope {
         None => None,
-        Some(r) => rope_scaling(r).map_err(|e| anyhow::anyhow!("{}: {e}", at(rope_key)))?,
+        Some(r) => rope_scaling(r).map_err(|e| anyhow::anyhow!("{}: {rope_key}: {e}", at(rope_key)))?,
     };
     let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / raw.num_attention_heads);
     let model = ModelConfig {
@@ -181,7 +183,8 @@ pub fn read_config(dir: &Path) -> anyhow::Result<HfConfig> {
 
 fn rope_scaling(r: &RawRope) -> Result<Option<RopeScaling>, String> {
     let kind = r.rope_type.as_deref().or(r.old_type.as_deref()).unwrap_or("default");
-    let need = |v: Option<f64>, name: &str| v.filter(|x| x.is_finite() && *x > 0.0).ok_or(format!("rope type `{kind}` needs a positive `{name}`"));
+    let need =
+        |v: Option<f64>, name: &str| v.filter(|x| x.is_finite() && *x > 0.0).ok_or(format!("rope type `{kind}` needs a positive `{name}`"));
     match kind {
         "default" => Ok(None),
         "linear" => Ok(Some(RopeScaling::Linear { factor: need(r.factor, "factor")? })),

@@ -46,7 +46,8 @@ pub fn load(dir: &Path, backend: Backend) -> anyhow::Result<Pretrained> {
     anyhow::ensure!(dir.is_dir(), "{}: not a directory (a Hugging Face checkpoint directory is expected)", dir.display());
     let HfConfig { family, model, eos } = read_config(dir)?;
     let generation_path = dir.join("generation_config.json");
-    let generation: GenerationConfig = if generation_path.exists() { files::read_json(&generation_path)?.0 } else { GenerationConfig::default() };
+    let generation: GenerationConfig =
+        if generation_path.exists() { files::read_json(&generation_path)?.0 } else { GenerationConfig::default() };
     let tokenizer = if dir.join("tokenizer.json").exists() { Some(TextTokenizer::load(dir)?) } else { None };
     // Stop tokens: generation_config.json's, else config.json's, else the tokenizer's eos token.
     let mut stop: Vec<u32> = generation.eos_token_id.as_ref().map(|e| e.ids()).unwrap_or(eos);

@@ -25,7 +25,8 @@ impl TextTokenizer {
     pub fn load(dir: &Path) -> anyhow::Result<TextTokenizer> {
         let path = dir.join("tokenizer.json");
         let text = read_text(&path, MAX_TOKENIZER_BYTES)?;
-        let inner: tokenizers::Tokenizer = text.parse().map_err(|e| anyhow::anyhow!("{}: not a readable tokenizer ({e})", path.display()))?;
+        let inner: tokenizers::Tokenizer =
+            text.parse().map_err(|e| anyhow::anyhow!("{}: not a readable tokenizer ({e})", path.display()))?;
         let mut tok = TextTokenizer { inner, bos_token: None, eos_token: None, chat: None };
         let config = dir.join("tokenizer_config.json");
         if config.exists() {
@@ -55,13 +56,19 @@ impl TextTokenizer {
                 Some(_) => anyhow::bail!("{}: `chat_template` must be a string", locate(&config, &text, "chat_template")),
             };
             if let Some(t) = template {
-                tok.chat = Some(ChatTemplate::new(t, tok.bos_token.clone(), tok.eos_token.clone()).map_err(|e| anyhow::anyhow!("{}: {e}", locate(&config, &text, "chat_template")))?);
+                tok.chat = Some(
+                    ChatTemplate::new(t, tok.bos_token.clone(), tok.eos_token.clone())
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", locate(&config, &text, "chat_template")))?,
+                );
             }
         }
         let jinja = dir.join("chat_template.jinja");
         if tok.chat.is_none() && jinja.exists() {
             let source = read_text(&jinja, 1 << 20)?;
-            tok.chat = Some(ChatTemplate::new(source, tok.bos_token.clone(), tok.eos_token.clone()).map_err(|e| anyhow::anyhow!("{}: {e}", jinja.display()))?);
+            tok.chat = Some(
+                ChatTemplate::new(source, tok.bos_token.clone(), tok.eos_token.clone())
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", jinja.display()))?,
+            );
         }
         Ok(tok)
     }

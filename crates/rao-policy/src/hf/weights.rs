@@ -107,7 +107,8 @@ pub fn read_weights(dir: &Path, cfg: &ModelConfig) -> anyhow::Result<Vec<Vec<f32
     let mut values: Vec<Option<Vec<f32>>> = vec![None; layout.len()];
     for file in weight_files(dir)? {
         let bytes = std::fs::read(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| anyhow::anyhow!("{}: not a readable safetensors file ({e})", file.display()))?;
+        let st =
+            SafeTensors::deserialize(&bytes).map_err(|e| anyhow::anyhow!("{}: not a readable safetensors file ({e})", file.display()))?;
         let mut names = st.names();
         names.sort();
         for name in names {
@@ -137,7 +138,13 @@ pub fn read_weights(dir: &Path, cfg: &ModelConfig) -> anyhow::Result<Vec<Vec<f32
         }
     }
     let missing: Vec<&str> = layout.iter().zip(&values).filter(|(_, v)| v.is_none()).map(|(t, _)| t.name.as_str()).collect();
-    anyhow::ensure!(missing.is_empty(), "{}: the checkpoint lacks {} tensor(s) config.json implies, e.g. `{}`", dir.display(), missing.len(), missing[0]);
+    anyhow::ensure!(
+        missing.is_empty(),
+        "{}: the checkpoint lacks {} tensor(s) config.json implies, e.g. `{}`",
+        dir.display(),
+        missing.len(),
+        missing[0]
+    );
     Ok(values.into_iter().map(|v| v.expect("checked above")).collect())
 }
 

@@ -75,7 +75,8 @@ pub fn forward(x: &Inputs, dims: Dims) -> (Vec<f32>, Saved) {
     (probs.par_chunks_mut(heads * t * t), out.par_chunks_mut(t * dq)).into_par_iter().enumerate().for_each(|(b, (p, o))| {
         let bias = &x.bias[b * t * t..(b + 1) * t * t];
         let limits = key_limits(bias, t);
-        let (q, k, v) = (&q[b * t * dq..(b + 1) * t * dq], &k[b * t * dkv..(b + 1) * t * dkv], &x.qkv[b * t * w + dq + dkv..(b + 1) * t * w]);
+        let (q, k, v) =
+            (&q[b * t * dq..(b + 1) * t * dq], &k[b * t * dkv..(b + 1) * t * dkv], &x.qkv[b * t * w + dq + dkv..(b + 1) * t * w]);
         let (head_q, head_k, head_v, square) = (View::rows(t, dh, dq), View::rows(t, dh, dkv), View::rows(t, dh, w), View::rows(t, t, t));
         for h in 0..heads {
             let (cq, ck, p) = (h * dh, (h / group) * dh, &mut p[h * t * t..(h + 1) * t * t]);

@@ -56,7 +56,7 @@ pub fn rms_norm_with(x: Tensor<2>, gamma: Tensor<1>, epsilon: f64) -> Tensor<2> 
     if !fused(&x) {
         // Burn's `RmsNorm::forward`, with a gain that is not a parameter.
         let rms = (x.clone().square().mean_dim(1) + epsilon).sqrt();
-        return (x / rms) * gamma.unsqueeze_dim(0);
+        return (x / rms) * gamma.unsqueeze_dim::<2>(0);
     }
     let out = <Dispatch as FusedOps>::rms_norm(x.into_dispatch(), gamma.into_dispatch(), epsilon as f32);
     Tensor::from_dispatch(out)
@@ -118,7 +118,7 @@ pub fn rope(x: Tensor<2>, (cos, sin): (&Tensor<2>, &Tensor<2>)) -> Tensor<2> {
     let (heads, half) = (w / dh, dh / 2);
     let x = x.reshape([n, heads, dh]);
     let rotated = Tensor::cat(vec![x.clone().slice([0..n, 0..heads, half..dh]).neg(), x.clone().slice([0..n, 0..heads, 0..half])], 2);
-    (x * cos.clone().unsqueeze_dim(1) + rotated * sin.clone().unsqueeze_dim(1)).reshape([n, w])
+    (x * cos.clone().unsqueeze_dim::<3>(1) + rotated * sin.clone().unsqueeze_dim::<3>(1)).reshape([n, w])
 }
 
 /// `[N, Dq + 2·Dkv]` → queries `[N, Dq]`, keys and values `[N, Dkv]`.
