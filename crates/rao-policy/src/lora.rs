@@ -4,15 +4,13 @@
 //! unchanged. Only the factors are trained, kept in the optimiser and checkpointed; they export
 //! in PEFT's format (`adapter_config.json` + `adapter_model.safetensors`) or merged into the base.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use burn::module::{Lora, Module, ModuleMapper, ModuleVisitor, Param, ParamGroup};
 use burn::tensor::{Tensor, TensorData};
-use safetensors::Dtype;
 use serde::{Deserialize, Serialize};
 
-use crate::hf::weights::tensor_layout;
+use crate::hf::weights::{tensor_layout, transpose, write_safetensors};
 use crate::model::{ModelConfig, Transformer};
 use crate::params::param_id;
 
@@ -179,31 +177,24 @@ pub fn export_peft(cfg: &ModelConfig, lora: &LoraConfig, factors: &[Vec<f32>], b
     let pairs: Vec<usize> = slots(cfg, lora).iter().filter_map(|s| if let Slot::A(i) = s { Some(*i) } else { None }).collect();
     anyhow::ensure!(factors.len() == 2 * pairs.len(), "{} factor tensors for {} adapters", factors.len(), pairs.len());
     std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut tensors = Vec::new();
     for (k, &i) in pairs.iter().enumerate() {
         // The checkpoint weight is `[out, in]`; PEFT's A is `[r, in]` (= our `[in, r]` transposed),
         // B is `[out, r]` (= our `[r, out]` transposed).
         let (d_out, d_in) = (layout[i].shape[0], layout[i].shape[1]);
         let module = layout[i].name.strip_suffix(".weight").expect("weights end in .weight");
-        let bytes = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         tensors.push((
             format!("base_model.model.{module}.lora_A.weight"),
             vec![lora.rank, d_in],
-            bytes(transpose(&factors[2 * k], d_in, lora.rank)),
+            transpose(&factors[2 * k], d_in, lora.rank),
         ));
         tensors.push((
             format!("base_model.model.{module}.lora_B.weight"),
             vec![d_out, lora.rank],
-            bytes(transpose(&factors[2 * k + 1], lora.rank, d_out)),
+            transpose(&factors[2 * k + 1], lora.rank, d_out),
         ));
     }
-    let views = tensors
-        .iter()
-        .map(|(n, s, b)| Ok((n.clone(), safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b)?)))
-        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
-    let path = out.join("adapter_model.safetensors");
-    safetensors::serialize_to_file(views, Some(HashMap::from([("format".to_string(), "pt".to_string())])), &path)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    write_safetensors(&out.join("adapter_model.safetensors"), &tensors)?;
     let config = serde_json::json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -219,16 +210,6 @@ pub fn export_peft(cfg: &ModelConfig, lora: &LoraConfig, factors: &[Vec<f32>], b
     });
     let path = out.join("adapter_config.json");
     std::fs::write(&path, serde_json::to_string_pretty(&config)? + "\n").map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-}
-
-fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; m.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = m[r * cols + c];
-        }
-    }
-    out
 }
 
 /// Bytes of a checkpoint of adapters (factors and their two AdamW moments, f32) for a model of

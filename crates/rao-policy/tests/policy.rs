@@ -176,15 +176,31 @@ fn cispo_gradient_matches_finite_differences_of_its_surrogate() {
 #[test]
 fn fused_kernels_give_the_decomposed_ops_loss_and_gradients() {
     let (world, grammar, policy) = setup_with(true);
-    let reqs = requests(&world);
-    let outs = policy.sample(&reqs, &grammar, 0.8);
+    fused_matches_decomposed(&world, &grammar, &policy);
+    // The Llama/Qwen features: grouped-query attention, a head width that is not d_model / heads,
+    // q/k/v biases, q/k norms, an output layer of its own.
+    let cfg = ModelConfig {
+        n_kv_heads: Some(2),
+        head_dim: Some(12),
+        qkv_bias: true,
+        qk_norm: true,
+        untied_head: true,
+        prev_token: false,
+        ..policy.cfg.clone()
+    };
+    fused_matches_decomposed(&world, &grammar, &Policy::new(cfg, Backend::Cpu, 11).unwrap());
+}
+
+fn fused_matches_decomposed(world: &textcraft::World, grammar: &TextCraftGrammar, policy: &Policy) {
+    let reqs = requests(world);
+    let outs = policy.sample(&reqs, grammar, 0.8);
     let mut seqs = as_sequences(&reqs, &outs, 0.7);
     for (k, s) in seqs.iter_mut().enumerate() {
         s.advantage = if k % 2 == 0 { 0.7 } else { -1.1 };
     }
     let run = |fused: bool| {
         rao_policy::kernels::set_enabled(fused);
-        let (loss, _) = policy.loss(&seqs, &grammar, Loss::Cispo { lo: 0.0, hi: 5.0 }, 0.8);
+        let (loss, _) = policy.loss(&seqs, grammar, Loss::Cispo { lo: 0.0, hi: 5.0 }, 0.8);
         let value = loss.clone().into_scalar::<f32>();
         let grads = read_grads(&policy.model, &loss.backward());
         rao_policy::kernels::set_enabled(true);

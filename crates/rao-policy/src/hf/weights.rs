@@ -159,7 +159,7 @@ fn to_f32(dtype: Dtype, data: &[u8]) -> Result<Vec<f32>, String> {
 }
 
 /// A row-major `[rows, cols]` matrix transposed.
-fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub(crate) fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut out = vec![0.0; m.len()];
     for r in 0..rows {
         for c in 0..cols {
@@ -173,8 +173,8 @@ fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 pub fn write_weights(path: &Path, cfg: &ModelConfig, values: &[Vec<f32>]) -> anyhow::Result<()> {
     let layout = tensor_layout(cfg);
     anyhow::ensure!(layout.len() == values.len(), "{} parameters for {} checkpoint tensors", values.len(), layout.len());
-    let bytes: Vec<Vec<u8>> = layout
-        .iter()
+    let tensors = layout
+        .into_iter()
         .zip(values)
         .map(|(t, v)| {
             let v = match t.layout {
@@ -182,13 +182,20 @@ pub fn write_weights(path: &Path, cfg: &ModelConfig, values: &[Vec<f32>]) -> any
                 // The model holds `[in, out]` = the file's `[out, in]` transposed.
                 Layout::Transposed => transpose(v, t.shape[1], t.shape[0]),
             };
-            v.iter().flat_map(|x| x.to_le_bytes()).collect()
+            (t.name, t.shape, v)
         })
-        .collect();
-    let views = layout
+        .collect::<Vec<_>>();
+    write_safetensors(path, &tensors)
+}
+
+/// Writes named f32 tensors `(name, shape, row-major values)` as a safetensors file (PyTorch's
+/// metadata, as transformers and peft write them).
+pub(crate) fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> anyhow::Result<()> {
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let views = tensors
         .iter()
         .zip(&bytes)
-        .map(|(t, b)| Ok((t.name.clone(), safetensors::tensor::TensorView::new(Dtype::F32, t.shape.clone(), b)?)))
+        .map(|((name, shape, _), b)| Ok((name.clone(), safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), b)?)))
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
     safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
