@@ -214,7 +214,9 @@ fn fused_matches_decomposed(world: &textcraft::World, grammar: &TextCraftGrammar
         let norm = p.iter().map(|x| x * x).sum::<f32>().sqrt();
         let diff = f.iter().zip(p).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt();
         assert!(norm > 0.0, "parameter {k} got no gradient");
-        assert!(diff <= 1e-4 * norm, "parameter {k}: gradients differ by {diff} (norm {norm})");
+        // Relative to the gradient, with a floor of f32 rounding for gradients near zero (a
+        // q/k norm gain's is ~1e-5 here).
+        assert!(diff <= 1e-4 * norm + 1e-8, "parameter {k}: gradients differ by {diff} (norm {norm})");
     }
 }
 
