@@ -5,8 +5,8 @@
 
 pub mod hf;
 pub mod kernels;
-mod machine;
 pub mod lora;
+mod machine;
 pub mod model;
 pub mod params;
 pub mod policy;

@@ -114,7 +114,7 @@ impl ModelConfig {
         if self.d_model == 0 || self.n_layers == 0 || h == 0 || self.d_ff == 0 || kv == 0 || dh == 0 {
             return Err("d_model, n_layers, n_heads, n_kv_heads, head_dim and d_ff must all be at least 1".into());
         }
-        if self.head_dim.is_none() && self.d_model % h != 0 {
+        if self.head_dim.is_none() && !self.d_model.is_multiple_of(h) {
             return Err(format!("d_model {} does not split into {h} heads", self.d_model));
         }
         if dh % 2 != 0 {
@@ -123,7 +123,9 @@ impl ModelConfig {
         if h % kv != 0 {
             return Err(format!("{h} query heads do not split into groups of {kv} key/value heads"));
         }
-        if !(self.rope_theta > 0.0 && self.rope_theta.is_finite()) || !(self.norm_eps >= 0.0 && self.norm_eps.is_finite()) {
+        let theta_ok = self.rope_theta.is_finite() && self.rope_theta > 0.0;
+        let eps_ok = self.norm_eps.is_finite() && self.norm_eps >= 0.0;
+        if !theta_ok || !eps_ok {
             return Err("rope_theta must be positive and the norm epsilon non-negative".into());
         }
         Ok(())

@@ -64,7 +64,7 @@ impl AttentionArgs {
         let [rows, dh] = tensors[1].shape().dims::<2>();
         let [batch, t, _] = tensors[3].shape().dims::<3>();
         let dims = Dims { batch, t, heads, kv_heads, dh };
-        assert!(kv_heads > 0 && heads % kv_heads == 0, "{heads} query heads in groups of {kv_heads} key/value heads");
+        assert!(kv_heads > 0 && heads.is_multiple_of(kv_heads), "{heads} query heads in groups of {kv_heads} key/value heads");
         assert_eq!(tensors[0].shape().dims::<2>(), [rows, dims.width()], "qkv must be [B·T, Dq + 2·Dkv]");
         assert_eq!(batch * t, rows, "attention bias must be [B, T, T] for [B·T, ·] rows");
         AttentionArgs { tensors, dims }
