@@ -2,12 +2,15 @@
 //!
 //! Actions: `info ITEM`, `craft ITEM [N]`, `inv`, `finish`, and in recursive mode
 //! `spawn ITEM [N] (, ITEM [N])*`. Counts of 1 are not written. Observations start with `<obs>`.
+//! Worlds read from the original TextCraft files also take the original's craft,
+//! `craft ITEM N from ING a (, ING a)*`: N is the total to make and the ingredients are exact.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use super::craft::{self, CraftError};
 use super::tasks::Task;
-use super::world::{ItemId, MAX_DEPTH_TOKEN, World};
+use super::world::{ItemId, MAX_DEPTH_TOKEN, Rules, World};
 use crate::env::{Episode, Refusal, Step, StepOutput};
 use crate::vocab::{BOS, OBS, Tok, Vocab};
 
@@ -16,6 +19,8 @@ use crate::vocab::{BOS, OBS, Tok, Vocab};
 pub enum Action {
     Info(ItemId),
     Craft(ItemId, u64),
+    /// The original's craft: item, total units to make, exact ingredients (concrete items).
+    CraftFrom(ItemId, u64, Vec<(ItemId, u64)>),
     Inv,
     Finish,
     Spawn(Vec<(ItemId, u64)>),
@@ -56,19 +61,41 @@ impl<'w> Lang<'w> {
         match a {
             Action::Info(i) => [vec![self.t("info")], self.world.item(*i).tokens.clone()].concat(),
             Action::Craft(i, n) => [vec![self.t("craft")], self.item_count(*i, *n)].concat(),
-            Action::Inv => vec![self.t("inv")],
-            Action::Finish => vec![self.t("finish")],
-            Action::Spawn(goals) => {
-                let mut out = vec![self.t("spawn")];
-                for (k, (i, n)) in goals.iter().enumerate() {
-                    if k > 0 {
-                        out.push(self.t(","));
-                    }
-                    out.extend(self.item_count(*i, *n));
-                }
+            Action::CraftFrom(i, n, ings) => {
+                let mut out = [vec![self.t("craft")], self.item_count(*i, *n), vec![self.t("from")]].concat();
+                out.extend(self.list(ings));
                 out
             }
+            Action::Inv => vec![self.t("inv")],
+            Action::Finish => vec![self.t("finish")],
+            Action::Spawn(goals) => [vec![self.t("spawn")], self.list(goals)].concat(),
         }
+    }
+
+    /// `ITEM [N] , ITEM [N] …`
+    pub fn list(&self, pairs: &[(ItemId, u64)]) -> Vec<Tok> {
+        let mut out = Vec::new();
+        for (k, (i, n)) in pairs.iter().enumerate() {
+            if k > 0 {
+                out.push(self.t(","));
+            }
+            out.extend(self.item_count(*i, *n));
+        }
+        out
+    }
+
+    /// `ITEM [N] (, ITEM [N])*` filling `toks` exactly.
+    pub fn parse_list(&self, toks: &[Tok]) -> Result<Vec<(ItemId, u64)>, ParseError> {
+        let comma = self.t(",");
+        let mut out = Vec::new();
+        for part in toks.split(|t| *t == comma) {
+            let (g, used) = self.parse_item_count(part)?;
+            if used != part.len() {
+                return Err(ParseError::Syntax);
+            }
+            out.push(g);
+        }
+        Ok(out)
     }
 
     /// Parse `ITEM [N]` at the start of `toks`; returns the pair and tokens used.
@@ -101,6 +128,11 @@ impl<'w> Lang<'w> {
         }
     }
 
+    /// A goal of one or more targets (`ITEM [N] , ITEM [N]`).
+    pub fn parse_goals(&self, goal: &[Tok]) -> Option<Vec<(ItemId, u64)>> {
+        self.parse_list(goal).ok()
+    }
+
     pub fn parse(&self, toks: &[Tok]) -> Result<Action, ParseError> {
         let Some((&verb, rest)) = toks.split_first() else { return Err(ParseError::Syntax) };
         let word = self.v().word(verb);
@@ -113,21 +145,22 @@ impl<'w> Lang<'w> {
                 let (item, used) = self.world.parse_item(rest).ok_or(ParseError::UnknownItem)?;
                 if used == rest.len() { Ok(Action::Info(item)) } else { Err(ParseError::Syntax) }
             }
-            "craft" => whole(self.parse_item_count(rest)).map(|(i, n)| Action::Craft(i, n)),
+            "craft" => match self.v().get("from").and_then(|from| rest.iter().position(|t| *t == from)) {
+                Some(at) => {
+                    let (i, n) = match self.parse_item_count(&rest[..at])? {
+                        (g, used) if used == at => g,
+                        _ => return Err(ParseError::Syntax),
+                    };
+                    // Nothing after `from`: a recipe that takes nothing (possible once the
+                    // original drops an ingredient given as alternatives).
+                    let ings = if at + 1 == rest.len() { Vec::new() } else { self.parse_list(&rest[at + 1..])? };
+                    Ok(Action::CraftFrom(i, n, ings))
+                }
+                None => whole(self.parse_item_count(rest)).map(|(i, n)| Action::Craft(i, n)),
+            },
             "inv" if rest.is_empty() => Ok(Action::Inv),
             "finish" if rest.is_empty() => Ok(Action::Finish),
-            "spawn" => {
-                let comma = self.t(",");
-                let mut goals = Vec::new();
-                for part in rest.split(|t| *t == comma) {
-                    let (g, used) = self.parse_item_count(part)?;
-                    if used != part.len() {
-                        return Err(ParseError::Syntax);
-                    }
-                    goals.push(g);
-                }
-                Ok(Action::Spawn(goals))
-            }
+            "spawn" => self.parse_list(rest).map(Action::Spawn),
             _ => Err(ParseError::Syntax),
         }
     }
@@ -136,20 +169,28 @@ impl<'w> Lang<'w> {
         std::iter::once(OBS).chain(words.iter().map(|w| self.t(w))).collect()
     }
 
-    /// `<obs> [x R] ING [a] ... [have H]` or `<obs> base [have H]`.
+    /// `<obs> [x R] ING [a] ... [have H]` or `<obs> base [have H]`. Worlds of the original
+    /// TextCraft list every recipe, separated by `or`; a tag lists the items that satisfy it.
     pub fn info_obs(&self, item: ItemId, held: u64) -> Vec<Tok> {
         let it = self.world.item(item);
         let mut out = vec![OBS];
-        match it.recipes.first() {
-            None => out.push(self.t("base")),
-            Some(r) => {
-                if r.result_count != 1 {
-                    out.push(self.t("x"));
-                    out.extend(self.v().number(r.result_count as u64));
-                }
-                for &(ing, a) in &r.ingredients {
-                    out.extend(self.item_count(ing, a as u64));
-                }
+        let shown = if self.world.rules == Rules::Original { it.recipes.len() } else { 1 };
+        if it.is_tag() {
+            let members: Vec<(ItemId, u64)> = it.members.iter().map(|&m| (m, 1)).collect();
+            out.extend(self.list(&members));
+        } else if it.recipes.is_empty() {
+            out.push(self.t("base"));
+        }
+        for (k, r) in it.recipes.iter().take(shown).enumerate() {
+            if k > 0 {
+                out.push(self.t("or"));
+            }
+            if r.result_count != 1 {
+                out.push(self.t("x"));
+                out.extend(self.v().number(r.result_count as u64));
+            }
+            for &(ing, a) in &r.ingredients {
+                out.extend(self.item_count(ing, a as u64));
             }
         }
         if held > 0 {
@@ -181,37 +222,45 @@ impl TextCraftEpisode {
         Lang::new(&self.world)
     }
 
-    fn craft(&self, item: ItemId, n: u64) -> StepOutput {
+    /// `craft ITEM N` (compact) or, with exact ingredients, the original's craft.
+    fn craft(&self, item: ItemId, n: u64, exact: Option<&[(ItemId, u64)]>) -> StepOutput {
         let lang = self.lang();
-        let it = self.world.item(item);
-        if it.is_base() {
-            return StepOutput::observe(lang.obs(&["err", "base"]));
-        }
-        let mut inv = self.inventory.lock().unwrap();
-        // The first recipe the inventory can pay for; else report what the first one lacks.
-        for r in &it.recipes {
-            let crafts = n.div_ceil(r.result_count as u64);
-            if r.ingredients.iter().all(|&(ing, a)| inv.get(&ing).copied().unwrap_or(0) >= crafts * a as u64) {
-                for &(ing, a) in &r.ingredients {
-                    *inv.get_mut(&ing).unwrap() -= crafts * a as u64;
-                }
-                let made = crafts * r.result_count as u64;
-                *inv.entry(item).or_default() += made;
-                return StepOutput { step: Step::Observe(lang.obs(&["ok"])), counters: vec![(it.name.clone(), made as i64)], result: None };
+        let made = {
+            let mut inv = self.inventory.lock().unwrap();
+            match exact {
+                None => craft::compact(&self.world, &mut inv, item, n),
+                Some(ings) => craft::exact(&self.world, &mut inv, item, n, ings),
+            }
+        };
+        match made {
+            Ok(made) => StepOutput {
+                step: Step::Observe(lang.obs(&["ok"])),
+                counters: vec![(self.world.item(item).name.clone(), made as i64)],
+                result: None,
+            },
+            Err(CraftError::NoRecipe) => StepOutput::observe(lang.obs(&["err", "base"])),
+            Err(CraftError::NoMatch) => StepOutput::observe(lang.obs(&["err", "recipe"])),
+            Err(CraftError::Need(ing, short)) => {
+                let mut obs = lang.obs(&["err", "need"]);
+                obs.extend(lang.item_count(ing, short));
+                StepOutput::observe(obs)
             }
         }
-        let r = &it.recipes[0];
-        let crafts = n.div_ceil(r.result_count as u64);
-        let (ing, short) = r
-            .ingredients
-            .iter()
-            .map(|&(ing, a)| (ing, (crafts * a as u64).saturating_sub(inv.get(&ing).copied().unwrap_or(0))))
-            .find(|(_, s)| *s > 0)
-            .unwrap();
-        let mut obs = lang.obs(&["err", "need"]);
-        obs.extend(lang.item_count(ing, short));
-        StepOutput::observe(obs)
     }
+
+    /// What the inventory holds of each goal item, as a node's result when it finishes (the
+    /// original TextCraft judges a goal by it).
+    fn held_result(&self, goal: &[Tok]) -> Option<String> {
+        let goals = self.lang().parse_goals(goal)?;
+        let held: BTreeMap<String, u64> = goals.iter().map(|&(i, _)| (self.world.item(i).name.clone(), self.held(i))).collect();
+        serde_json::to_string(&HeldAtFinish { held }).ok()
+    }
+}
+
+/// A node's result in worlds of the original TextCraft: units of its goal items held at finish.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct HeldAtFinish {
+    held: BTreeMap<String, u64>,
 }
 
 impl Episode for TextCraftEpisode {
@@ -220,7 +269,7 @@ impl Episode for TextCraftEpisode {
     }
 
     fn root_goal(&self) -> Vec<Tok> {
-        self.lang().item_count(self.task.target, self.task.count as u64)
+        self.lang().list(&self.task.target_units())
     }
 
     fn prompt(&self, goal: &[Tok], depth: u32, recursive: bool) -> Vec<Tok> {
@@ -239,7 +288,8 @@ impl Episode for TextCraftEpisode {
         };
         match parsed {
             Action::Info(i) => StepOutput::observe(lang.info_obs(i, self.held(i))),
-            Action::Craft(i, n) => self.craft(i, n),
+            Action::Craft(i, n) => self.craft(i, n, None),
+            Action::CraftFrom(i, n, ings) => self.craft(i, n, Some(&ings)),
             Action::Inv => {
                 let inv = self.inventory.lock().unwrap();
                 let mut held: Vec<(ItemId, u64)> = inv.iter().filter(|(_, n)| **n > 0).map(|(i, n)| (*i, *n)).collect();
@@ -254,7 +304,10 @@ impl Episode for TextCraftEpisode {
                 }
                 StepOutput::observe(obs)
             }
-            Action::Finish => StepOutput { step: Step::Finish, counters: vec![], result: None },
+            Action::Finish => {
+                let result = if self.world.rules == Rules::Original { self.held_result(goal) } else { None };
+                StepOutput { step: Step::Finish, counters: vec![], result }
+            }
             Action::Spawn(goals) => {
                 if !recursive {
                     return StepOutput::observe(self.refusal(Refusal::NotRecursive));
@@ -280,17 +333,28 @@ impl Episode for TextCraftEpisode {
         crate::node::refusal(&self.world.vocab, why)
     }
 
-    /// 1 iff the node finished and its subtree crafted at least the goal's units of the target.
-    /// (Units crafted by the subtree, not held-count deltas: siblings share the inventory and
-    /// may legitimately consume each other's products while they run concurrently.)
-    fn verify(&self, goal: &[Tok], finished: bool, _result: Option<&str>, subtree: &BTreeMap<String, i64>) -> f64 {
-        verify_goal(&self.world, goal, finished, subtree)
+    /// 1 iff the node finished and every goal item is there: TextCraft-Synth counts the units
+    /// its subtree crafted (not held-count deltas: siblings share the inventory and may
+    /// legitimately consume each other's products while they run concurrently); the original
+    /// TextCraft, as its authors' environment does, what the inventory held when it finished.
+    fn verify(&self, goal: &[Tok], finished: bool, result: Option<&str>, subtree: &BTreeMap<String, i64>) -> f64 {
+        verify_goal(&self.world, goal, finished, result, subtree)
     }
 }
 
 /// The TextCraft verifier as a pure function (the judge stage recomputes scores with it).
-pub fn verify_goal(world: &World, goal: &[Tok], finished: bool, subtree: &BTreeMap<String, i64>) -> f64 {
-    let Some((item, n)) = Lang::new(world).parse_goal(goal) else { return 0.0 };
-    let made = subtree.get(&world.item(item).name).copied().unwrap_or(0);
-    if finished && made >= n as i64 { 1.0 } else { 0.0 }
+pub fn verify_goal(world: &World, goal: &[Tok], finished: bool, result: Option<&str>, subtree: &BTreeMap<String, i64>) -> f64 {
+    let Some(goals) = Lang::new(world).parse_goals(goal) else { return 0.0 };
+    if !finished {
+        return 0.0;
+    }
+    let reached = |units: &dyn Fn(&str) -> i64| goals.iter().all(|&(item, n)| units(&world.item(item).name) >= n as i64);
+    let ok = match world.rules {
+        Rules::Synth => reached(&|name| subtree.get(name).copied().unwrap_or(0)),
+        Rules::Original => match result.and_then(|r| serde_json::from_str::<HeldAtFinish>(r).ok()) {
+            Some(h) => reached(&|name| h.held.get(name).copied().unwrap_or(0) as i64),
+            None => false,
+        },
+    };
+    if ok { 1.0 } else { 0.0 }
 }

@@ -2,7 +2,7 @@
 //! observations) and the world's recipes, and act through the same action language as a policy.
 
 use super::episode::{Action, Lang};
-use super::world::{ItemId, World};
+use super::world::{ItemId, Rules, World};
 use crate::node::{NodeView, parse_node};
 use crate::rng::Rng;
 use crate::vocab::Tok;
@@ -61,7 +61,7 @@ pub fn node_plan(world: &World, cfg: &ExpertConfig, item: ItemId, n: u64, depth:
     plan
 }
 
-fn hash_tokens(seed: u64, toks: &[Tok]) -> u64 {
+pub(crate) fn hash_tokens(seed: u64, toks: &[Tok]) -> u64 {
     let mut h = seed ^ 0x51_7cc1_b727_220a;
     for &t in toks {
         h = (h ^ t as u64).wrapping_mul(0x0100_0000_01b3).rotate_left(13);
@@ -71,6 +71,9 @@ fn hash_tokens(seed: u64, toks: &[Tok]) -> u64 {
 
 /// The expert's next action for a node, given its whole context.
 pub fn expert_action(world: &World, cfg: &ExpertConfig, ctx: &[Tok]) -> Vec<Tok> {
+    if world.rules == Rules::Original {
+        return super::expert_original::expert_action(world, cfg, ctx);
+    }
     let lang = Lang::new(world);
     let finish = lang.encode(&Action::Finish);
     let Some(p) = parse_context(world, ctx) else { return finish };

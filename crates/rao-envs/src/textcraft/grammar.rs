@@ -1,5 +1,6 @@
 //! The TextCraft action grammar: verb, then item names from the world (a trie of their
-//! tokens), optional counts of at most two digits, `,` between spawn goals.
+//! tokens), optional counts of at most two digits, `,` between spawn goals. In worlds of the
+//! original TextCraft a craft may go on with `from` and its exact ingredients.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,6 +14,9 @@ struct TrieNode {
     terminal: bool,
 }
 
+/// Most ingredients an exact craft names (a crafting grid holds nine).
+const MAX_INGREDIENTS: usize = 9;
+
 pub struct TextCraftGrammar {
     nodes: Vec<TrieNode>,
     info: Tok,
@@ -21,6 +25,8 @@ pub struct TextCraftGrammar {
     finish: Tok,
     spawn: Tok,
     comma: Tok,
+    /// The exact craft's `from`, in worlds that have it.
+    from: Option<Tok>,
     digits: Vec<Tok>,
     /// Most goals in one `spawn`.
     pub max_spawn_goals: usize,
@@ -53,13 +59,15 @@ impl TextCraftGrammar {
             finish: v.id("finish"),
             spawn: v.id("spawn"),
             comma: v.id(","),
+            from: v.get("from"),
             digits: (0..10).map(|d| v.id(&d.to_string())).collect(),
             max_spawn_goals: max_spawn_goals.max(1),
         }
     }
 
-    /// After an argument list's tokens `args` (items, counts, commas): what may follow.
-    fn after_args(&self, args: &[Tok], multi: bool) -> Vec<Tok> {
+    /// After an argument list's tokens `args` (items, counts, commas): what may follow, with at
+    /// most `max_goals` comma-separated entries (1: no comma).
+    fn after_args(&self, args: &[Tok], max_goals: usize) -> Vec<Tok> {
         let mut goals = 1;
         let mut node = 0usize;
         let mut digits = 0usize;
@@ -87,7 +95,7 @@ impl TextCraftGrammar {
                 out.extend(self.digits.iter().copied());
             }
             out.insert(EOS);
-            if multi && goals < self.max_spawn_goals {
+            if goals < max_goals {
                 out.insert(self.comma);
             }
         }
@@ -122,6 +130,20 @@ impl Grammar for TextCraftGrammar {
             }
             return out;
         }
-        self.after_args(args, verb == self.spawn)
+        if verb == self.spawn {
+            return self.after_args(args, self.max_spawn_goals);
+        }
+        // craft ITEM [N] [from ING [a] (, ING [a])*]
+        if let Some(from) = self.from {
+            if let Some(at) = args.iter().position(|t| *t == from) {
+                return self.after_args(&args[at + 1..], MAX_INGREDIENTS);
+            }
+            let mut out = self.after_args(args, 1);
+            if out.contains(&EOS) {
+                out.push(from);
+            }
+            return out;
+        }
+        self.after_args(args, 1)
     }
 }

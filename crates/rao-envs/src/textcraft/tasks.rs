@@ -1,18 +1,19 @@
-//! TextCraft tasks: one target and count, and the initial inventory that makes it solvable.
+//! TextCraft tasks: targets and counts, and the initial inventory that makes them solvable.
 
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::world::{Band, ItemId, World};
+use super::world::{Band, ItemId, Rules, World};
 use crate::rng::Rng;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Task {
     pub id: String,
     pub band: Option<Band>,
-    pub target: ItemId,
-    pub count: u32,
+    /// What to make: (item, units), every one of them (TextCraft-Synth tasks have one; the
+    /// original TextCraft's have one to three).
+    pub targets: Vec<(ItemId, u32)>,
     /// Initial inventory: (item, units), sorted by item id.
     pub inventory: Vec<(ItemId, u32)>,
     /// Validation task (target held out of training).
@@ -20,12 +21,19 @@ pub struct Task {
     /// Optional gold action texts (the original TextCraft format ships them).
     #[serde(default)]
     pub gold: Vec<String>,
+    /// The report group of a task without a band (e.g. the task file it was read from).
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 impl Task {
     /// Initial inventory as a map.
     pub fn inventory_map(&self) -> HashMap<ItemId, u64> {
         self.inventory.iter().map(|&(i, n)| (i, n as u64)).collect()
+    }
+    /// The first target (the only one of a TextCraft-Synth task).
+    pub fn target(&self) -> ItemId {
+        self.targets[0].0
     }
 }
 
@@ -72,19 +80,34 @@ pub fn synthesize_tiers(world: &World, label: &str, tiers: (u32, u32), max_count
         out.push(Task {
             id: format!("{label}-{split}-{k:05}"),
             band: None,
-            target,
-            count,
+            targets: vec![(target, count)],
             inventory: inv.into_iter().map(|(i, n)| (i, n as u32)).collect(),
             validation,
             gold: Vec::new(),
+            group: None,
         });
     }
     out
 }
 
-/// Whether the canonical recipes can make the task from its inventory (each branch on its own).
+/// Whether the task can be done from its inventory. TextCraft-Synth: the canonical recipes,
+/// each branch on its own, need no more than the inventory holds. The original TextCraft: a
+/// crafting plan over every recipe and tag reaches every target (see [`super::plan`]).
 pub fn is_solvable(world: &World, task: &Task) -> bool {
-    let needs = world.base_needs(task.target, task.count);
-    let inv = task.inventory_map();
-    needs.iter().all(|(item, n)| inv.get(item).copied().unwrap_or(0) >= *n)
+    match world.rules {
+        Rules::Synth => {
+            let inv = task.inventory_map();
+            task.targets.iter().all(|&(target, count)| {
+                world.base_needs(target, count).iter().all(|(item, n)| inv.get(item).copied().unwrap_or(0) >= *n)
+            })
+        }
+        Rules::Original => super::plan::plan(world, &task.inventory_map(), &task.target_units()).is_ok(),
+    }
+}
+
+impl Task {
+    /// Targets as (item, units) in u64.
+    pub fn target_units(&self) -> Vec<(ItemId, u64)> {
+        self.targets.iter().map(|&(i, n)| (i, n as u64)).collect()
+    }
 }

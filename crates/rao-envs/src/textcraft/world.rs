@@ -38,11 +38,37 @@ pub struct Item {
     pub recipes: Vec<Recipe>,
     /// Held out of training tasks (validation targets only).
     pub held_out: bool,
+    /// A tag (an ingredient category of the original TextCraft files, e.g. `tag planks`): the
+    /// items that satisfy it. Tags are never held and never crafted; empty for every real item.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<ItemId>,
 }
 
 impl Item {
+    /// No recipe makes it (tags included: they are never crafted).
     pub fn is_base(&self) -> bool {
         self.recipes.is_empty()
+    }
+    pub fn is_tag(&self) -> bool {
+        !self.members.is_empty()
+    }
+}
+
+/// Whose rules a world follows: what a craft takes and when a goal counts as reached.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Rules {
+    /// TextCraft-Synth: a goal is reached when the node's subtree crafted its units.
+    #[default]
+    Synth,
+    /// The original TextCraft (the RAO authors' environment): a goal is reached when the shared
+    /// inventory holds its units when the node finishes; crafts may name their exact ingredients.
+    Original,
+}
+
+impl Rules {
+    fn is_synth(&self) -> bool {
+        *self == Rules::Synth
     }
 }
 
@@ -96,6 +122,8 @@ pub struct World {
     pub items: Vec<Item>,
     pub vocab: Vocab,
     pub bands: Bands,
+    #[serde(default, skip_serializing_if = "Rules::is_synth")]
+    pub rules: Rules,
     #[serde(skip)]
     by_tokens: HashMap<Vec<Tok>, ItemId>,
     #[serde(skip)]
@@ -104,7 +132,7 @@ pub struct World {
 
 impl World {
     pub fn new(name: String, items: Vec<Item>, vocab: Vocab, bands: Bands) -> World {
-        let mut w = World { name, items, vocab, bands, by_tokens: HashMap::new(), max_name_len: 0 };
+        let mut w = World { name, items, vocab, bands, rules: Rules::Synth, by_tokens: HashMap::new(), max_name_len: 0 };
         w.reindex();
         w
     }
@@ -171,7 +199,7 @@ impl World {
     }
 
     pub fn base_items(&self) -> Vec<ItemId> {
-        self.items.iter().filter(|i| i.is_base()).map(|i| i.id).collect()
+        self.items.iter().filter(|i| i.is_base() && !i.is_tag()).map(|i| i.id).collect()
     }
 }
 
@@ -278,7 +306,15 @@ pub fn generate(cfg: &SynthConfig, seed: u64) -> World {
     let new_item = |items: &mut Vec<Item>, dom: &str, tier: u32, idx: u32, recipe: Option<Recipe>| -> ItemId {
         let name = format!("{dom} t{tier} i{idx}");
         let id = items.len() as ItemId;
-        items.push(Item { id, tokens: vocab.ids(&name), name, tier, recipes: recipe.into_iter().collect(), held_out: false });
+        items.push(Item {
+            id,
+            tokens: vocab.ids(&name),
+            name,
+            tier,
+            recipes: recipe.into_iter().collect(),
+            held_out: false,
+            members: Vec::new(),
+        });
         id
     };
     for (d, dom) in DOMAINS.iter().enumerate().take(cfg.domains as usize) {
