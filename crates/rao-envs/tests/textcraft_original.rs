@@ -22,7 +22,12 @@ fn source(path: &Path) -> SourceFile {
 }
 
 fn recipes(dir: &Path) -> Vec<SourceFile> {
-    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "json")).map(|p| source(&p)).collect()
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| source(&p))
+        .collect()
 }
 
 fn load(tasks: &str) -> Loaded {
@@ -77,7 +82,7 @@ fn run_flat(world: &Arc<World>, task: &Task, max_steps: usize) -> f64 {
     0.0
 }
 
-/// 1. Files that are not crafting recipes — smelting, blasting, stonecutting, special recipes
+/// Finding 1: Files that are not crafting recipes — smelting, blasting, stonecutting, special recipes
 /// without a `result` — are skipped and counted by type; nothing stops the directory.
 #[test]
 fn non_crafting_recipe_files_are_skipped_and_counted_by_type() {
@@ -104,7 +109,7 @@ fn non_crafting_recipe_files_are_skipped_and_counted_by_type() {
     assert_eq!(l.world.item(ingot).recipes.len(), 2);
 }
 
-/// 2. `minecraft:string` in a recipe and `string` in a task are one item.
+/// Finding 2: `minecraft:string` in a recipe and `string` in a task are one item.
 #[test]
 fn namespaced_and_plain_names_are_one_item() {
     let l = load("textcraft_val.jsonl");
@@ -123,7 +128,7 @@ fn namespaced_and_plain_names_are_one_item() {
     assert_eq!(names.len(), n, "no two items share a name");
 }
 
-/// 3. A tag is satisfied by the items whose names its rule matches (no tag files).
+/// Finding 3: A tag is satisfied by the items whose names its rule matches (no tag files).
 #[test]
 fn tags_are_resolved_by_item_names() {
     let l = load("textcraft_val.jsonl");
@@ -150,7 +155,7 @@ fn tags_are_resolved_by_item_names() {
     assert_eq!(craft::exact(&w, &mut inv, stick, 4, &[(id(&w, "tag planks"), 2)]), Err(CraftError::NoMatch));
 }
 
-/// 4. An ingredient given as a list of alternatives is dropped, as the original's loader drops it.
+/// Finding 4: An ingredient given as a list of alternatives is dropped, as the original's loader drops it.
 #[test]
 fn ingredients_given_as_alternatives_are_dropped_as_the_original_drops_them() {
     let l = load("textcraft_val.jsonl");
@@ -165,7 +170,7 @@ fn ingredients_given_as_alternatives_are_dropped_as_the_original_drops_them() {
     assert!(t.gold.iter().all(|g| !g.contains("coal")), "{:?}", t.gold);
 }
 
-/// 5. Crafting loops (lapis ↔ block, ingot ↔ nuggets ↔ block) neither recurse forever nor raise
+/// Finding 5: Crafting loops (lapis ↔ block, ingot ↔ nuggets ↔ block) neither recurse forever nor raise
 /// tiers; plans never make an item from itself.
 #[test]
 fn crafting_loops_end_and_tiers_stay_sane() {
@@ -191,7 +196,7 @@ fn crafting_loops_end_and_tiers_stay_sane() {
     assert!(plan::plan(w, &none, &[(id(w, "lapis lazuli"), 9)]).is_ok(), "from its block");
 }
 
-/// 6. Every recipe of an item counts: sticks from bamboo (the second stick recipe by file name).
+/// Finding 6: Every recipe of an item counts: sticks from bamboo (the second stick recipe by file name).
 #[test]
 fn every_recipe_of_an_item_is_considered() {
     let l = load("textcraft_val.jsonl");
@@ -207,7 +212,7 @@ fn every_recipe_of_an_item_is_considered() {
     assert_eq!(w.vocab.text(&obs), "<obs> x 4 tag planks 2 or bamboo 2");
 }
 
-/// 7. Every target of a task counts: success needs all of them held when the root finishes.
+/// Finding 7: Every target of a task counts: success needs all of them held when the root finishes.
 #[test]
 fn every_target_of_a_task_counts() {
     let l = load("textcraft_val.jsonl");
@@ -223,17 +228,20 @@ fn every_target_of_a_task_counts() {
     assert_eq!(multi, 4);
 }
 
-/// 8. A gold step's `target` count is a number of crafts: 2 crafts of planks make 8.
+/// Finding 8: A gold step's `target` count is a number of crafts: 2 crafts of planks make 8.
 #[test]
 fn gold_counts_are_crafts() {
     let l = load("textcraft_val.jsonl");
     let t = task(&l, "textcraft.val.0@1");
-    assert_eq!(t.gold, ["craft oak planks 8 from oak log 2", "craft stick 4 from oak planks 2", "craft wooden pickaxe from oak planks 3 , stick 2"]);
+    assert_eq!(
+        t.gold,
+        ["craft oak planks 8 from oak log 2", "craft stick 4 from oak planks 2", "craft wooden pickaxe from oak planks 3 , stick 2"]
+    );
     assert_eq!(l.report.gold.with_gold, 10);
     assert_eq!(l.report.gold.reaching_success, 10, "{:?}", l.report.gold.failures);
 }
 
-/// 9. The original's craft: the total is divisible by the yield, ingredients are exact, tags are
+/// Finding 9: The original's craft: the total is divisible by the yield, ingredients are exact, tags are
 /// paid with a concrete item, nothing extra; rao's compact craft is what its own agents use.
 #[test]
 fn the_craft_action_follows_the_original_rule() {
@@ -250,7 +258,15 @@ fn the_craft_action_follows_the_original_rule() {
     assert_eq!(exact(pick, 1, &[(planks, 3), (stick, 2)]), Ok(1));
     assert_eq!(exact(log, 1, &[]), Err(CraftError::NoRecipe));
     // Through the episode: the exact form, and the compact one (which overproduces).
-    let t = Task { id: "t".into(), band: None, targets: vec![(pick, 1)], inventory: vec![(log, 2)], validation: false, gold: vec![], group: None };
+    let t = Task {
+        id: "t".into(),
+        band: None,
+        targets: vec![(pick, 1)],
+        inventory: vec![(log, 2)],
+        validation: false,
+        gold: vec![],
+        group: None,
+    };
     let ep = TextCraftEpisode::new(w.clone(), t);
     let goal = ep.root_goal();
     let obs = |a: &str| match ep.step(&goal, &w.vocab.ids(a), false).step {
@@ -268,7 +284,7 @@ fn the_craft_action_follows_the_original_rule() {
     assert_eq!(lang.parse(&lang.encode(&a)), Ok(a));
 }
 
-/// 10. Bad lines and tasks that cannot be done are reported with their line and what is wrong;
+/// Finding 10: Bad lines and tasks that cannot be done are reported with their line and what is wrong;
 /// the rest loads. Duplicate ids stay distinct.
 #[test]
 fn bad_lines_and_unsolvable_tasks_are_reported_where_they_are() {
@@ -278,7 +294,10 @@ fn bad_lines_and_unsolvable_tasks_are_reported_where_they_are() {
     let problems: Vec<String> = r.problems.iter().map(|p| p.to_string()).collect();
     assert_eq!(problems.len(), 3, "{problems:#?}");
     assert!(problems[0].starts_with("textcraft_val.jsonl:4:166: not a task in JSON: trailing comma"), "{}", problems[0]);
-    assert_eq!(problems[1], "textcraft_val.jsonl:7: task `textcraft.val.5` cannot be done: the inventory lacks 1 oak log (no recipe makes them)");
+    assert_eq!(
+        problems[1],
+        "textcraft_val.jsonl:7: task `textcraft.val.5` cannot be done: the inventory lacks 1 oak log (no recipe makes them)"
+    );
     assert!(problems[2].starts_with("textcraft_val.jsonl:8: no targets"), "{}", problems[2]);
     assert_eq!(r.duplicate_ids, BTreeMap::from([("textcraft.val.0".to_string(), vec![1, 6])]));
     let ids: Vec<&str> = l.tasks.iter().map(|t| t.id.as_str()).filter(|i| i.starts_with("textcraft.val.0")).collect();
@@ -289,7 +308,10 @@ fn bad_lines_and_unsolvable_tasks_are_reported_where_they_are() {
 #[test]
 fn unreadable_recipe_files_are_reported_and_skipped() {
     let mut files = recipes(&fixture().join("recipes"));
-    files.push(SourceFile { name: "broken.json".into(), text: "{\"type\": \"minecraft:crafting_shaped\",\n  \"pattern\": [\"#\"]\n  \"key\": {}}".into() });
+    files.push(SourceFile {
+        name: "broken.json".into(),
+        text: "{\"type\": \"minecraft:crafting_shaped\",\n  \"pattern\": [\"#\"]\n  \"key\": {}}".into(),
+    });
     files.push(SourceFile {
         name: "newer.json".into(),
         text: r#"{"type": "minecraft:crafting_shapeless", "ingredients": [{"item": "minecraft:stick"}], "result": {"id": "minecraft:ladder"}}"#.into(),
@@ -311,7 +333,10 @@ fn unreadable_recipe_files_are_reported_and_skipped() {
 fn a_gold_that_does_not_reach_its_targets_is_reported() {
     let text = std::fs::read_to_string(fixture().join("textcraft_train.jsonl")).unwrap();
     // Task 0's gold with a step whose crafts and ingredients disagree (2 crafts of sticks take 4 planks).
-    let first = text.lines().next().unwrap().replace(r#""target": ["stick", 1], "ingredients": {"oak_planks": 2}, "result_count": 4"#, r#""target": ["stick", 2], "ingredients": {"oak_planks": 2}"#);
+    let first = text.lines().next().unwrap().replace(
+        r#""target": ["stick", 1], "ingredients": {"oak_planks": 2}, "result_count": 4"#,
+        r#""target": ["stick", 2], "ingredients": {"oak_planks": 2}"#,
+    );
     let l = original::load(&recipes(&fixture().join("recipes")), &SourceFile { name: "one.jsonl".into(), text: first }, "one").unwrap();
     assert_eq!((l.report.gold.with_gold, l.report.gold.reaching_success), (1, 0));
     assert_eq!(
@@ -342,7 +367,8 @@ fn the_grammar_accepts_the_exact_craft_and_its_tags() {
     let l = load("textcraft_val.jsonl");
     let w = Arc::new(l.world);
     let g = rao_envs::textcraft::grammar::TextCraftGrammar::new(&w, 4);
-    let accepts = |toks: &[u32]| (0..toks.len()).all(|i| g.allowed(false, &toks[..i]).contains(&toks[i])) && g.allowed(false, toks).contains(&EOS);
+    let accepts =
+        |toks: &[u32]| (0..toks.len()).all(|i| g.allowed(false, &toks[..i]).contains(&toks[i])) && g.allowed(false, toks).contains(&EOS);
     for a in ["craft wooden pickaxe from oak planks 3 , stick 2", "craft oak planks 8 from oak log 2", "craft stick 4", "info tag planks"] {
         assert!(accepts(&w.vocab.ids(a)), "{a}");
     }

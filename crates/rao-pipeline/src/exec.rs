@@ -266,6 +266,7 @@ pub fn input_artifacts(
                 attempt: m.attempt.clone(),
                 files: m.outputs.get(&output).cloned().unwrap_or_default(),
                 output,
+                params: c.instances[producer].params.clone(),
             });
         }
         out.insert(name.clone(), v);

@@ -150,6 +150,9 @@ pub struct InputArtifact {
     pub attempt: Option<String>,
     pub output: String,
     pub files: Vec<FileEntry>,
+    /// The producing instance's params (e.g. a `dataset`'s `url`), so that a stage can name the
+    /// user's source in its messages rather than the store's copy.
+    pub params: Value,
 }
 
 impl InputArtifact {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::envs;
 use crate::rollout::{
-    ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, label_bands, make_policy, rollout_trees, run_batch, tree_specs,
+    ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, gold_trees, label_bands, make_policy, rollout_trees, run_batch, tree_specs,
 };
 use crate::training::write_trees;
 use crate::update::HISTORY_FILE;
@@ -160,24 +160,27 @@ impl TypedStage for Evaluate {
                 iteration: 0,
                 shard: None,
             };
-            let policy = make_policy(&ctx, set.as_ref(), &rp).await?;
+            // `policy: gold` replays each task's own trajectory: no one policy for all tasks.
+            let policy = if p.policy == PolicyKind::Gold { None } else { Some(make_policy(&ctx, set.as_ref(), &rp).await?) };
             let meta = RunMeta { run: ctx.pipeline.clone(), iteration: 0, env: set.env().into() };
             let mut rows = Vec::new();
             let mut all_nodes = Vec::new();
             for &mode in &p.modes {
                 let mode_name = if mode == Mode::Recursive { "recursive" } else { "flat" };
-                let (limits, policy) = (p.limits.limits(mode), policy.clone());
-                let trees = if p.latency {
-                    // One task's trees at a time, each with the seeds it has in the whole set.
-                    let mut trees = Vec::new();
-                    for (position, &t) in all.iter().enumerate() {
-                        let specs = tree_specs(set.as_ref(), std::iter::once((position, t)), mode, p.group_size, ctx.seed);
-                        trees.extend(run_batch(policy.clone(), specs, limits, meta.clone()).await);
+                let limits = p.limits.limits(mode);
+                let trees = match policy.clone() {
+                    None => gold_trees(set.as_ref(), &all, mode, p.group_size, limits, meta.clone(), ctx.seed).await?,
+                    Some(policy) if p.latency => {
+                        // One task's trees at a time, each with the seeds it has in the whole set.
+                        let mut trees = Vec::new();
+                        for (position, &t) in all.iter().enumerate() {
+                            let specs = tree_specs(set.as_ref(), std::iter::once((position, t)), mode, p.group_size, ctx.seed);
+                            trees.extend(run_batch(policy.clone(), specs, limits, meta.clone()).await);
+                        }
+                        label_bands(set.as_ref(), &mut trees);
+                        trees
                     }
-                    label_bands(set.as_ref(), &mut trees);
-                    trees
-                } else {
-                    rollout_trees(set.as_ref(), &all, policy, mode, p.group_size, limits, meta.clone(), ctx.seed).await
+                    Some(policy) => rollout_trees(set.as_ref(), &all, policy, mode, p.group_size, limits, meta.clone(), ctx.seed).await,
                 };
                 for group in set.label_order() {
                     let mine: Vec<&Vec<NodeRecord>> =

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use rao_agent::{Batcher, Limits, Policy, RunMeta, TreeSpec, run_trees};
+use rao_agent::{Batcher, Limits, Policy, RunMeta, ScriptedPolicy, TreeSpec, run_trees};
 use rao_core::NodeRecord;
 use rao_core::parquet_io::nodes_to_parquet;
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
@@ -27,6 +27,9 @@ pub enum PolicyKind {
     /// expert's behaviour at the model's compute cost (for wall-clock comparisons).
     #[serde(rename = "paced_expert")]
     PacedExpert,
+    /// Each task's gold trajectory (the original TextCraft files ship one) replayed through the
+    /// environment, then `finish`: checks a dataset's gold from a pipeline.
+    Gold,
 }
 
 /// A policy that runs a model needs the model: caught by `rao validate`, before upstream work.
@@ -224,6 +227,39 @@ pub fn tree_specs(set: &dyn TaskSet, tasks: impl Iterator<Item = (usize, usize)>
     trees
 }
 
+/// `policy: gold`: the trees of each task replay its gold trajectory, then finish (the policy is
+/// the task's own, so each task runs in a batch of its own).
+pub async fn gold_trees(
+    set: &dyn TaskSet,
+    tasks: &[usize],
+    mode: Mode,
+    group: usize,
+    limits: Limits,
+    meta: RunMeta,
+    seed: u64,
+) -> anyhow::Result<Vec<Vec<NodeRecord>>> {
+    let without: Vec<&str> = tasks.iter().filter(|&&t| set.gold(t).is_none()).map(|&t| set.id(t)).collect();
+    anyhow::ensure!(
+        without.is_empty(),
+        "`policy: gold` replays each task's gold trajectory, and {} task(s) have none: {}",
+        without.len(),
+        without.iter().take(10).copied().collect::<Vec<_>>().join(", ")
+    );
+    let mut trees = Vec::new();
+    for (position, &t) in tasks.iter().enumerate() {
+        let gold = set.gold(t).unwrap_or_default();
+        // The k-th action of the node is the k-th gold action (each action ends with `<eos>`).
+        let policy = Arc::new(ScriptedPolicy(move |ctx: &[rao_envs::Tok], _window: usize| {
+            let done = ctx.iter().filter(|&&x| x == rao_envs::vocab::EOS).count();
+            gold.get(done).or(gold.last()).cloned().unwrap_or_default()
+        }));
+        let specs = tree_specs(set, std::iter::once((position, t)), mode, group, seed);
+        trees.extend(run_batch(policy, specs, limits, meta.clone()).await);
+    }
+    label_bands(set, &mut trees);
+    Ok(trees)
+}
+
 /// Run trees through one batcher of their own (its forward passes serve only these trees).
 pub async fn run_batch(policy: Arc<dyn Policy>, trees: Vec<TreeSpec>, limits: Limits, meta: RunMeta) -> Vec<Vec<NodeRecord>> {
     let batcher = Batcher::start(policy);
@@ -286,9 +322,15 @@ impl TypedStage for Rollout {
                 anyhow::ensure!(count > 0 && index < count, "shard index {index} is not below count {count}");
                 tasks.retain(|i| i % count == index);
             }
-            let policy = make_policy(&ctx, set.as_ref(), &p).await?;
             let meta = RunMeta { run: ctx.pipeline.clone(), iteration: p.iteration, env: set.env().into() };
-            let trees = rollout_trees(set.as_ref(), &tasks, policy, p.mode, p.group_size, p.limits.limits(p.mode), meta, ctx.seed).await;
+            let limits = p.limits.limits(p.mode);
+            let trees = match p.policy {
+                PolicyKind::Gold => gold_trees(set.as_ref(), &tasks, p.mode, p.group_size, limits, meta, ctx.seed).await?,
+                _ => {
+                    let policy = make_policy(&ctx, set.as_ref(), &p).await?;
+                    rollout_trees(set.as_ref(), &tasks, policy, p.mode, p.group_size, limits, meta, ctx.seed).await
+                }
+            };
             for (k, v) in tree_metrics(&trees) {
                 ctx.set_metric(k, v);
             }
@@ -324,5 +366,6 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
             let expert = set.expert(ExpertSpec { delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed }, &limits);
             Arc::new(crate::neural::PacedExpert { expert, model: Arc::new(model), rec: set.vocab().id("<rec>") })
         }
+        PolicyKind::Gold => anyhow::bail!("`policy: gold` replays each task's own trajectory (`gold_trees`), not one policy for all"),
     })
 }

@@ -1,5 +1,6 @@
-//! `synthesize`: a task set (world + tasks) from TextCraft-Synth, from a task file, or from the
-//! original TextCraft files — local, or the files of a `dataset` input (e.g. read from a bucket).
+//! `synthesize`: a task set (world + tasks) from TextCraft-Synth, or from a task file in rao's
+//! format — local, or the files of a `dataset` input (e.g. read from a bucket). The original
+//! TextCraft files are read by `textcraft_files`.
 
 use futures::future::BoxFuture;
 use rao_envs::textcraft::{self, Band, SynthConfig};
@@ -29,20 +30,13 @@ pub enum Split {
 #[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SynthesizeParams {
-    /// The synthetic world (ignored with `textcraft_dir`).
+    /// The synthetic world.
     #[serde(default = "default_world")]
     pub world: WorldSpec,
     /// Seed of the world: keep it fixed so every iteration plays in the same world.
     #[serde(default)]
     pub world_seed: u64,
-    /// Original TextCraft: a directory of Minecraft recipe JSON files. File paths are relative to
-    /// the files of the `dataset` input (a `dataset` stage reading a bucket URL or a local path).
-    #[serde(default)]
-    pub textcraft_dir: Option<String>,
-    /// Original TextCraft: the JSONL task file (with `textcraft_dir`).
-    #[serde(default)]
-    pub textcraft_tasks: Option<String>,
-    /// A task file in rao's format, in the world of `world`/`world_seed` (or of a `world.json`
+    /// A task file (relative to the files of the `dataset` input) in rao's format, in the world of `world`/`world_seed` (or of a `world.json`
     /// next to it): `tasks.parquet` as this stage writes it, or `.jsonl` with one
     /// `{"target": …, "count": …, "inventory": [[item, units], …]}` per line (`id` optional).
     /// Every task is kept; `split` marks them training or validation.
@@ -112,42 +106,32 @@ impl TypedStage for Synthesize {
                 Some(_) => anyhow::bail!("input `dataset` takes exactly one dataset"),
                 None => None,
             };
-            let uses_files = p.textcraft_dir.is_some() || p.textcraft_tasks.is_some() || p.tasks_file.is_some();
-            let Some(root) = root.filter(|_| uses_files) else {
+            let (Some(root), Some(name)) = (root, p.tasks_file.as_deref()) else {
                 anyhow::ensure!(
-                    !uses_files,
+                    p.tasks_file.is_none(),
                     "task files are read from a `dataset` input, so that editing them re-runs this stage: add a stage \
                      `{{kind: dataset, params: {{url: PATH_OR_BUCKET_URL}}}}` and `inputs: {{dataset: THAT_STAGE.data}}`"
                 );
                 anyhow::ensure!(
                     !ctx.inputs.contains_key("dataset"),
-                    "with a `dataset` input, name the file that holds the tasks: `tasks_file`, or `textcraft_dir` and `textcraft_tasks`"
+                    "with a `dataset` input, name the file that holds the tasks: `tasks_file` (the original TextCraft files are read by the `textcraft_files` kind)"
                 );
                 let (world, tasks) = synthetic(&p, ctx.seed)?;
                 return write_tasks(&ctx, &world, &tasks);
             };
-            let file = |name: &str| root.join(name);
-            let validation = p.split == Split::Validation;
-            let (world, tasks) = match (&p.textcraft_dir, &p.textcraft_tasks, &p.tasks_file) {
-                (Some(dir), Some(tasks), None) => textcraft::minecraft::load(&file(dir), &file(tasks))?,
-                (None, None, Some(name)) => {
-                    let path = file(name);
-                    let world = match path.parent().map(|d| d.join(WORLD_FILE)).filter(|w| w.is_file()) {
-                        Some(w) => World::from_json(&std::fs::read_to_string(w)?)?,
-                        None => textcraft::generate(&p.world.config()?, p.world_seed),
-                    };
-                    let mut tasks = read_task_file(&world, &path)?;
-                    tasks.iter_mut().for_each(|t| t.validation = validation);
-                    (world, tasks)
-                }
-                _ => anyhow::bail!("give `tasks_file`, or both `textcraft_dir` and `textcraft_tasks`"),
+            let path = root.join(name);
+            let world = match path.parent().map(|d| d.join(WORLD_FILE)).filter(|w| w.is_file()) {
+                Some(w) => World::from_json(&std::fs::read_to_string(w)?)?,
+                None => textcraft::generate(&p.world.config()?, p.world_seed),
             };
+            let mut tasks = read_task_file(&world, &path)?;
+            tasks.iter_mut().for_each(|t| t.validation = p.split == Split::Validation);
             write_tasks(&ctx, &world, &tasks)
         })
     }
 }
 
-fn write_tasks(ctx: &StageContext, world: &World, tasks: &[Task]) -> anyhow::Result<()> {
+pub(crate) fn write_tasks(ctx: &StageContext, world: &World, tasks: &[Task]) -> anyhow::Result<()> {
     for t in tasks {
         anyhow::ensure!(textcraft::is_solvable(world, t), "task {} is not solvable from its inventory", t.id);
     }

@@ -13,7 +13,7 @@ fn jsonl_tasks_read_back_as_the_tasks_they_describe_and_bad_lines_are_named() {
         .iter()
         .map(|t| {
             serde_json::json!({
-                "id": t.id, "target": name(t.target), "count": t.count, "band": "medium",
+                "id": t.id, "target": name(t.target()), "count": t.targets[0].1, "band": "medium",
                 // Written in reverse order: the reader sorts inventories as the world does.
                 "inventory": t.inventory.iter().rev().map(|(i, n)| (name(*i), *n)).collect::<Vec<_>>(),
             })
@@ -23,7 +23,7 @@ fn jsonl_tasks_read_back_as_the_tasks_they_describe_and_bad_lines_are_named() {
     let read = tasks_from_jsonl(&world, &(lines.join("\n") + "\n\n")).unwrap();
     assert_eq!(read.len(), tasks.len());
     for (r, t) in read.iter().zip(&tasks) {
-        assert_eq!((&r.id, r.target, r.count, &r.inventory, r.band), (&t.id, t.target, t.count, &t.inventory, Some(Band::Medium)));
+        assert_eq!((&r.id, &r.targets, &r.inventory, r.band), (&t.id, &t.targets, &t.inventory, Some(Band::Medium)));
     }
 
     let bad = format!("{}\n{{\"target\": \"no such thing\", \"inventory\": []}}\n", lines[0]);

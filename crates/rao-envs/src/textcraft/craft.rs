@@ -105,7 +105,7 @@ pub fn as_dict(pairs: &[(ItemId, u64)]) -> Vec<(ItemId, u64)> {
 /// ingredient of the recipe.
 pub fn match_recipe(world: &World, r: &Recipe, total: u64, provided: &[(ItemId, u64)]) -> Option<Vec<(ItemId, u64)>> {
     let yield_ = r.result_count as u64;
-    if yield_ == 0 || total % yield_ != 0 {
+    if yield_ == 0 || !total.is_multiple_of(yield_) {
         return None;
     }
     let crafts = total / yield_;

@@ -205,7 +205,13 @@ fn advance(world: &World, mut st: State, step: Step, borrow: bool) -> Advance {
                     });
                     s.agenda.push(Step::Make { slot });
                     for (i, &(ing, amount)) in r.ingredients.iter().enumerate().rev() {
-                        s.agenda.push(Step::Obtain { item: ing, n: crafts * amount as u64, path: inner.clone(), parent: Some(slot), slot_ing: Some(i) });
+                        s.agenda.push(Step::Obtain {
+                            item: ing,
+                            n: crafts * amount as u64,
+                            path: inner.clone(),
+                            parent: Some(slot),
+                            slot_ing: Some(i),
+                        });
                     }
                     s
                 })
@@ -218,7 +224,15 @@ fn advance(world: &World, mut st: State, step: Step, borrow: bool) -> Advance {
 /// A tag ingredient: one state per item that may pay for it — items held in full first — each
 /// then obtaining that item. An item the recipe names itself, or that another tag of it took, is
 /// left out (the original's craft could not tell them apart).
-fn choose_member(world: &World, st: &State, tag: ItemId, n: u64, path: Vec<ItemId>, parent: Option<usize>, slot_ing: Option<usize>) -> Vec<State> {
+fn choose_member(
+    world: &World,
+    st: &State,
+    tag: ItemId,
+    n: u64,
+    path: Vec<ItemId>,
+    parent: Option<usize>,
+    slot_ing: Option<usize>,
+) -> Vec<State> {
     let taken: Vec<ItemId> = match parent {
         Some(slot) => {
             let s = &st.slots[slot];

@@ -97,9 +97,9 @@ pub fn is_solvable(world: &World, task: &Task) -> bool {
     match world.rules {
         Rules::Synth => {
             let inv = task.inventory_map();
-            task.targets.iter().all(|&(target, count)| {
-                world.base_needs(target, count).iter().all(|(item, n)| inv.get(item).copied().unwrap_or(0) >= *n)
-            })
+            task.targets
+                .iter()
+                .all(|&(target, count)| world.base_needs(target, count).iter().all(|(item, n)| inv.get(item).copied().unwrap_or(0) >= *n))
         }
         Rules::Original => super::plan::plan(world, &task.inventory_map(), &task.target_units()).is_ok(),
     }

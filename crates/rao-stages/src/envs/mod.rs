@@ -72,6 +72,11 @@ pub trait TaskSet: Send + Sync {
     }
     /// A difficulty level (tier, hops, …): demonstrations can be limited to easy tasks.
     fn level(&self, i: usize) -> u32;
+    /// Task `i`'s gold trajectory as action tokens ending with the environment's finish, where
+    /// its data ships one (the original TextCraft files do).
+    fn gold(&self, _i: usize) -> Option<Vec<Vec<Tok>>> {
+        None
+    }
     /// A fresh episode (one execution tree) of task `i`.
     fn episode(&self, i: usize) -> Arc<dyn Episode>;
     /// The action language's constrained decoding (`max_children`: the most a spawn may launch).

@@ -8,7 +8,7 @@ use rao_envs::grammar::Grammar;
 use rao_envs::rng::Rng;
 use rao_envs::textcraft::expert::items_in;
 use rao_envs::textcraft::grammar::TextCraftGrammar;
-use rao_envs::textcraft::{Band, ExpertConfig, Task, TextCraftEpisode, World};
+use rao_envs::textcraft::{Band, ExpertConfig, Rules, Task, TextCraftEpisode, World};
 use rao_envs::{Episode, Vocab};
 use rao_pipeline::{InputArtifact, StageContext};
 use rao_policy::Sequence;
@@ -35,12 +35,13 @@ pub async fn load(ctx: &StageContext, artifacts: &[InputArtifact]) -> anyhow::Re
     Ok(Arc::new(TextCraftTasks { world, tasks }))
 }
 
-/// The row a task is reported under: its band, or for tasks drawn by tier range the label of
-/// the draw (ids are `{label}-{split}-{k}`).
+/// The row a task is reported under: its band, its group (the original TextCraft's task file),
+/// or for tasks drawn by tier range the label of the draw (ids are `{label}-{split}-{k}`).
 pub fn task_group(task: &Task) -> String {
-    match task.band {
-        Some(b) => b.name().to_string(),
-        None => task.id.rsplitn(3, '-').last().unwrap_or(&task.id).to_string(),
+    match (task.band, &task.group) {
+        (Some(b), _) => b.name().to_string(),
+        (None, Some(g)) => g.clone(),
+        (None, None) => task.id.rsplitn(3, '-').last().unwrap_or(&task.id).to_string(),
     }
 }
 
@@ -68,7 +69,12 @@ impl TaskSet for TextCraftTasks {
         out
     }
     fn level(&self, i: usize) -> u32 {
-        self.world.item(self.tasks[i].target).tier
+        self.tasks[i].targets.iter().map(|(t, _)| self.world.item(*t).tier).max().unwrap_or(0)
+    }
+    /// The task's gold actions, then `finish`.
+    fn gold(&self, i: usize) -> Option<Vec<Vec<rao_envs::Tok>>> {
+        let gold = &self.tasks[i].gold;
+        (!gold.is_empty()).then(|| gold.iter().map(String::as_str).chain(["finish"]).map(|a| self.world.vocab.ids(a)).collect())
     }
     fn episode(&self, i: usize) -> Arc<dyn Episode> {
         Arc::new(TextCraftEpisode::new(self.world.clone(), self.tasks[i].clone()))
@@ -86,8 +92,12 @@ impl TaskSet for TextCraftTasks {
     /// Items renamed at random, consistently within the sequence (names keep their token counts,
     /// so masks still line up); with `shift`, every name also moves up by a random number of
     /// tiers (order kept), so the policy learns to copy tier tokens no demonstration reaches.
+    /// Worlds of the original TextCraft are not renamed (their names have any number of words).
     fn augment(&self, s: &Sequence, shift: bool, rng: &mut Rng) -> Sequence {
         let world = &self.world;
+        if world.rules == Rules::Original {
+            return s.clone();
+        }
         let shift = if shift {
             let top = world.items.iter().map(|i| i.tier).max().unwrap_or(0);
             let highest = items_in(world, &s.tokens).iter().map(|&i| world.item(i).tier).max().unwrap_or(0);

@@ -73,13 +73,8 @@ pub fn load(recipe_files: &[SourceFile], task_file: &SourceFile, group: &str) ->
     if raws.is_empty() {
         return Err(LoadError::NoRecipes(no_recipes_message(recipe_files, &report)));
     }
-    let lines: Vec<(usize, Result<TaskLine, task_lines::LineError>)> = task_file
-        .text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(k, l)| (k + 1, task_lines::parse(l)))
-        .collect();
+    let lines: Vec<(usize, Result<TaskLine, task_lines::LineError>)> =
+        task_file.text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).map(|(k, l)| (k + 1, task_lines::parse(l))).collect();
     let world = build_world(&raws, &lines, &mut report)?;
     let tasks = build_tasks(&world, task_file, lines, group, &mut report);
     Ok(Loaded { world, tasks, report })
@@ -128,7 +123,11 @@ fn no_recipes_message(files: &[SourceFile], report: &LoadReport) -> String {
 
 /// Every item the recipes and the task file name, the tags with the items that satisfy them,
 /// recipes in file-name order, tiers, and the vocabulary their names need.
-fn build_world(raws: &[(&str, RawRecipe)], lines: &[(usize, Result<TaskLine, task_lines::LineError>)], report: &mut LoadReport) -> Result<World, LoadError> {
+fn build_world(
+    raws: &[(&str, RawRecipe)],
+    lines: &[(usize, Result<TaskLine, task_lines::LineError>)],
+    report: &mut LoadReport,
+) -> Result<World, LoadError> {
     // What the original's tag rules look at: results and concrete ingredients of recipes.
     let mut recipe_items: BTreeSet<String> = BTreeSet::new();
     let mut tag_names: BTreeSet<String> = BTreeSet::new();
@@ -229,7 +228,10 @@ fn tiers(recipes: &[Vec<Recipe>], members: &[Vec<ItemId>]) -> (Vec<u32>, Vec<usi
     let unreached: Vec<usize> = (0..n).filter(|&i| tier[i].is_none()).collect();
     let uses = |i: usize| -> Vec<usize> {
         let direct: Vec<usize> = recipes[i].iter().flat_map(|r| r.ingredients.iter().map(|(j, _)| *j as usize)).collect();
-        direct.into_iter().flat_map(|j| if members[j].is_empty() { vec![j] } else { members[j].iter().map(|m| *m as usize).collect() }).collect()
+        direct
+            .into_iter()
+            .flat_map(|j| if members[j].is_empty() { vec![j] } else { members[j].iter().map(|m| *m as usize).collect() })
+            .collect()
     };
     let on_loops: Vec<usize> = unreached
         .iter()
@@ -266,7 +268,9 @@ fn relax(recipes: &[Vec<Recipe>], members: &[Vec<ItemId>], tier: &mut [Option<u3
             } else {
                 recipes[i]
                     .iter()
-                    .filter_map(|r| r.ingredients.iter().map(|(j, _)| tier[*j as usize]).try_fold(0u32, |hi, t| t.map(|t| hi.max(t))).map(|hi| hi + 1))
+                    .filter_map(|r| {
+                        r.ingredients.iter().map(|(j, _)| tier[*j as usize]).try_fold(0u32, |hi, t| t.map(|t| hi.max(t))).map(|hi| hi + 1)
+                    })
                     .min()
             };
             if best.is_some() && (tier[i].is_none() || best < tier[i]) {
@@ -280,7 +284,13 @@ fn relax(recipes: &[Vec<Recipe>], members: &[Vec<ItemId>], tier: &mut [Option<u3
     }
 }
 
-fn build_tasks(world: &World, file: &SourceFile, lines: Vec<(usize, Result<TaskLine, task_lines::LineError>)>, group: &str, report: &mut LoadReport) -> Vec<Task> {
+fn build_tasks(
+    world: &World,
+    file: &SourceFile,
+    lines: Vec<(usize, Result<TaskLine, task_lines::LineError>)>,
+    group: &str,
+    report: &mut LoadReport,
+) -> Vec<Task> {
     report.task_lines = lines.len();
     let mut ids: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     let mut good: Vec<(usize, TaskLine)> = Vec::new();
@@ -308,7 +318,12 @@ fn build_tasks(world: &World, file: &SourceFile, lines: Vec<(usize, Result<TaskL
         let task = Task { id, band: None, targets, inventory, validation: false, gold: Vec::new(), group: Some(group.to_string()) };
         let inv = task.inventory_map();
         if let Err(e) = plan::plan(world, &inv, &task.target_units()) {
-            report.problems.push(Problem::at(&file.name, line, None, format!("task `{}` cannot be done: {}", task.id, why_unsolvable(world, &task, e))));
+            report.problems.push(Problem::at(
+                &file.name,
+                line,
+                None,
+                format!("task `{}` cannot be done: {}", task.id, why_unsolvable(world, &task, e)),
+            ));
             continue;
         }
         let gold = gold_actions(world, &t.gold);

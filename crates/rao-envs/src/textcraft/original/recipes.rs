@@ -109,10 +109,10 @@ pub fn parse(text: &str) -> RecipeFile {
         for row in rows {
             let Some(row) = row.as_str() else { return shape("a `pattern` row is not a string") };
             for ch in row.chars().filter(|c| *c != ' ') {
-                if let Some(ing) = key.get(ch.to_string().as_str()) {
-                    if let Err(why) = add(ing) {
-                        return shape(&why);
-                    }
+                if let Some(ing) = key.get(ch.to_string().as_str())
+                    && let Err(why) = add(ing)
+                {
+                    return shape(&why);
                 }
             }
         }
@@ -135,13 +135,16 @@ fn result_of(result: Option<&Value>) -> Result<(String, u32), String> {
         Value::String(s) => (s.as_str(), 1),
         Value::Object(o) => {
             let Some(item) = o.get("item") else {
-                let hint = if o.contains_key("id") { " (it names `id`, the newer Minecraft format; the original reads `item`)" } else { "" };
+                let hint =
+                    if o.contains_key("id") { " (it names `id`, the newer Minecraft format; the original reads `item`)" } else { "" };
                 return Err(format!("`result` has no `item`{hint}"));
             };
             let item = item.as_str().ok_or("`result.item` is not a string")?;
             let count = match o.get("count") {
                 None => 1,
-                Some(c) => c.as_u64().filter(|c| (1..=u32::MAX as u64).contains(c)).ok_or("`result.count` is not a positive integer")? as u32,
+                Some(c) => {
+                    c.as_u64().filter(|c| (1..=u32::MAX as u64).contains(c)).ok_or("`result.count` is not a positive integer")? as u32
+                }
             };
             (item, count)
         }

@@ -97,13 +97,15 @@ impl LoadReport {
                 self.dropped_ingredients.join(", ")
             ));
         }
-        let empty: Vec<&String> = self.tags.iter().filter(|(_, n)| **n == 0).map(|(t, _)| t).collect();
-        out.push(format!(
-            "tags: {} ({} satisfied by no item: {})",
-            self.tags.len(),
-            empty.len(),
-            empty.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-        ));
+        let empty: Vec<&str> = self.tags.iter().filter(|(_, n)| **n == 0).map(|(t, _)| t.as_str()).collect();
+        out.push(match empty.len() {
+            0 => format!("tags: {}, each satisfied by some item", self.tags.len()),
+            k => format!(
+                "tags: {}; {k} satisfied by no item (recipes that need them cannot be crafted): {}",
+                self.tags.len(),
+                empty.join(", ")
+            ),
+        });
         out.push(format!("tasks: {} loaded, {} skipped of {} lines", self.tasks_loaded, self.tasks_skipped, self.task_lines));
         for (id, lines) in &self.duplicate_ids {
             out.push(format!(

@@ -144,10 +144,9 @@ pub fn parse(line: &str) -> Result<TaskLine, LineError> {
 fn units(entries: Vec<(String, Value)>, what: &str, zero_ok: bool) -> Result<Vec<(String, u64)>, String> {
     let mut out: Vec<(String, u64)> = Vec::with_capacity(entries.len());
     for (name, v) in entries {
-        let n = v
-            .as_u64()
-            .filter(|n| (zero_ok || *n > 0) && *n <= MAX_UNITS)
-            .ok_or_else(|| format!("`{what}` gives `{name}` {v}; units must be whole numbers from {} to {MAX_UNITS}", if zero_ok { 0 } else { 1 }))?;
+        let n = v.as_u64().filter(|n| (zero_ok || *n > 0) && *n <= MAX_UNITS).ok_or_else(|| {
+            format!("`{what}` gives `{name}` {v}; units must be whole numbers from {} to {MAX_UNITS}", if zero_ok { 0 } else { 1 })
+        })?;
         let name = item_name(&name).to_string();
         if name.trim().is_empty() {
             return Err(format!("`{what}` has an empty item name"));

@@ -1,0 +1,164 @@
+//! The original TextCraft through the `rao` binary: `pipelines/textcraft-original.yaml` end to end
+//! on the fixture (shrunk to seconds), its gold check, its report rows and trees, and the errors
+//! a user meets with bad data, named in the user's files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use rao_envs::textcraft::World;
+use rao_stages::tasks_io::tasks_from_parquet;
+
+fn rao(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/textcraft-original-fixture").canonicalize().unwrap()
+}
+
+/// The shipped pipeline file, copied next to the test's store.
+fn pipeline(dir: &Path) -> PathBuf {
+    let p = dir.join("original.yaml");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../pipelines/textcraft-original.yaml"), &p).unwrap();
+    p
+}
+
+/// Seconds instead of minutes: a tiny model, a few warm-start steps, two RL iterations.
+const SHRINK: &[&str] = &[
+    "--set",
+    "stages.warmstart.params.max_steps=20",
+    "--set",
+    "stages.warmstart.params.eval_every=10",
+    "--set",
+    "stages.train.loop.max_iterations=2",
+    "--set",
+    "stages.train_tasks.params.sample=3",
+    "--set",
+    "params.model.d_model=32",
+    "--set",
+    "params.model.d_ff=64",
+];
+
+fn files_named(root: &Path, name: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().unwrap() == name {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn the_original_pipeline_runs_end_to_end_on_the_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pipeline(dir.path());
+    let data = format!("params.data={}", fixture().display());
+    let mut args = vec!["run", p.to_str().unwrap(), "--set", &data];
+    args.extend(SHRINK);
+    let o = rao(&args, dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let log = text(&o);
+    assert!(log.contains("tasks: 10 loaded, 3 skipped of 13 lines"), "{log}");
+    assert!(log.contains(&format!("{}/textcraft_val.jsonl:7: task `textcraft.val.5` cannot be done", fixture().display())), "{log}");
+    assert!(!log.contains("objects/"), "messages name the user's files, not the store's copies: {log}");
+
+    // One row per task file; the gold replays to success on every task, the experts are the ceiling.
+    let mut args = vec!["report", p.to_str().unwrap(), "--set", &data];
+    args.extend(SHRINK);
+    let report = text(&rao(&args, dir.path()));
+    let row = |label: &str, mode: &str| {
+        report
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq([label, mode]))
+            .unwrap_or_else(|| panic!("no {label} {mode} row: {report}"))
+            .to_string()
+    };
+    for (label, mode) in [("gold", "flat"), ("expert", "recursive"), ("rao", "recursive"), ("rao", "flat"), ("warmstart", "recursive")] {
+        let r = row(label, mode);
+        let cells: Vec<&str> = r.split_whitespace().collect();
+        assert_eq!((cells[2], cells[3]), ("textcraft_val", "10"), "{r}");
+    }
+    assert_eq!(row("gold", "flat").split_whitespace().nth(4), Some("1.00"), "{report}");
+    assert_eq!(row("expert", "recursive").split_whitespace().nth(4), Some("1.00"), "{report}");
+
+    // Duplicate ids stay distinct in the trees `rao inspect` prints.
+    let store = dir.path().join(".rao/store");
+    let trees = files_named(&store, "trees.parquet");
+    let printed: Vec<String> = trees.iter().map(|t| text(&rao(&["inspect", t.to_str().unwrap(), "--limit", "100"], dir.path()))).collect();
+    let gold = printed.iter().find(|t| t.contains("craft oak planks 8 from oak log 2")).expect("the gold trees");
+    assert!(gold.contains("task textcraft.val.0@1 ·") && gold.contains("task textcraft.val.0@6 ·"), "{gold}");
+    assert_eq!(gold.matches("root score 1 ").count(), 10, "{gold}");
+
+    // `split: validation` marks the evaluation tasks; each tasks artifact has its load report.
+    let mut splits = Vec::new();
+    for tasks in files_named(&store, "tasks.parquet") {
+        let world = World::from_json(&std::fs::read_to_string(tasks.with_file_name("world.json")).unwrap()).unwrap();
+        let t = tasks_from_parquet(&world, std::fs::read(&tasks).unwrap().into()).unwrap();
+        splits.push((t.len(), t.iter().all(|t| t.validation)));
+        assert!(tasks.with_file_name("load_report.json").is_file());
+    }
+    splits.sort();
+    splits.dedup();
+    assert_eq!(splits, [(3, false), (10, true), (12, false)], "training draws of 3, all 12 for demonstrations, 10 validation");
+}
+
+/// Just the dataset and one `textcraft_files` stage reading it.
+fn loader(dir: &Path, url: &str) -> PathBuf {
+    let p = dir.join("load.yaml");
+    let body = format!(
+        "name: load\nstages:\n  files: {{kind: dataset, params: {{url: '{url}'}}}}\n  \
+         eval_tasks: {{kind: textcraft_files, inputs: {{dataset: files.data}}, params: {{tasks: textcraft_val.jsonl, split: validation}}}}\n"
+    );
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+#[test]
+fn bad_data_fails_once_with_the_users_file_named() {
+    let dir = tempfile::tempdir().unwrap();
+    // A copy of the fixture without its recipe directory.
+    let data = dir.path().join("my-textcraft");
+    std::fs::create_dir(&data).unwrap();
+    for f in ["textcraft_train.jsonl", "textcraft_val.jsonl"] {
+        std::fs::copy(fixture().join(f), data.join(f)).unwrap();
+    }
+    let p = loader(dir.path(), "my-textcraft");
+    let o = rao(&["run", p.to_str().unwrap()], dir.path());
+    assert!(!o.status.success());
+    let out = text(&o);
+    let missing = "my-textcraft/recipes: no recipe files (`*.json`) there; `recipes` names a directory of the dataset, which holds: textcraft_train.jsonl, textcraft_val.jsonl";
+    // (The run prints a failure where it happens and again in its summary: once per line.)
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains(missing)).collect();
+    assert!(!lines.is_empty() && lines.iter().all(|l| l.matches("my-textcraft").count() == 1), "said once, naming the user's path: {out}");
+    assert!(!out.contains("objects/"), "{out}");
+
+    // Strict: every problem, located in the user's file, and the stage fails.
+    let p = loader(dir.path(), &fixture().display().to_string());
+    let o = rao(&["run", p.to_str().unwrap(), "--set", "stages.eval_tasks.params.strict=true"], dir.path());
+    assert!(!o.status.success());
+    let out = text(&o);
+    let val = format!("{}/textcraft_val.jsonl", fixture().display());
+    for at in [
+        format!("{val}:4:166: not a task in JSON"),
+        format!("{val}:7: task `textcraft.val.5` cannot be done"),
+        format!("{val}:8: no targets"),
+    ] {
+        assert!(out.contains(&at), "{at}\n{out}");
+    }
+    assert!(out.contains("3 problem(s)") && out.contains("strict: true"), "{out}");
+    // Without `strict` the same data loads.
+    let o = rao(&["run", p.to_str().unwrap()], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+}
