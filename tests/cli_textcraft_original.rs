@@ -162,3 +162,24 @@ fn bad_data_fails_once_with_the_users_file_named() {
     let o = rao(&["run", p.to_str().unwrap()], dir.path());
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// `policy: gold` in a rollout: every tree of every task replays its gold to success, recursive
+/// mode included (the gold never spawns).
+#[test]
+fn a_gold_rollout_reaches_every_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("gold.yaml");
+    let body = format!(
+        "name: gold\nstages:\n  files: {{kind: dataset, params: {{url: '{}'}}}}\n  \
+         tasks: {{kind: textcraft_files, inputs: {{dataset: files.data}}, params: {{tasks: textcraft_train.jsonl}}}}\n  \
+         replay: {{kind: rollout, inputs: {{tasks: tasks.tasks}}, params: {{policy: gold, mode: recursive, group_size: 2, limits: {{window: 512}}}}}}\n",
+        fixture().display()
+    );
+    std::fs::write(&p, body).unwrap();
+    let o = rao(&["run", p.to_str().unwrap()], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let trees = files_named(&dir.path().join(".rao/store"), "trees.parquet");
+    assert_eq!(trees.len(), 1);
+    let shown = text(&rao(&["inspect", trees[0].to_str().unwrap(), "--limit", "100"], dir.path()));
+    assert_eq!(shown.matches("root score 1 · 1 nodes").count(), 24, "12 tasks × 2 trees: {shown}");
+}

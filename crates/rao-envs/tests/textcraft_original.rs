@@ -374,3 +374,33 @@ fn the_grammar_accepts_the_exact_craft_and_its_tags() {
     }
     assert!(!accepts(&w.vocab.ids("craft stick from")), "an exact craft names its ingredients");
 }
+
+/// Untrusted data: a chain of 40 recipes each taking nine of the one before (units past what
+/// 64 bits hold) and a loop through 200 items neither panic nor run away.
+#[test]
+fn deep_chains_and_long_loops_neither_panic_nor_run_away() {
+    let shaped = |result: &str, ing: &str| SourceFile {
+        name: format!("{result}.json"),
+        text: format!(
+            r#"{{"type": "minecraft:crafting_shaped", "pattern": ["XXX", "XXX", "XXX"], "key": {{"X": {{"item": "minecraft:{ing}"}}}}, "result": {{"item": "minecraft:{result}"}}}}"#
+        ),
+    };
+    let mut files: Vec<SourceFile> = (1..=40).map(|k| shaped(&format!("c{k}"), &format!("c{}", k - 1))).collect();
+    files.extend((0..200).map(|k| shaped(&format!("r{k}"), &format!("r{}", (k + 1) % 200))));
+    let tasks = SourceFile {
+        name: "t.jsonl".into(),
+        text: [
+            r#"{"id": "deep", "misc": {"target_items": {"c40": 1}, "initial_inventory": {"c0": 9}}}"#,
+            r#"{"id": "loop", "misc": {"target_items": {"r0": 1}, "initial_inventory": {"r5": 1}}}"#,
+            r#"{"id": "ok", "misc": {"target_items": {"c1": 1}, "initial_inventory": {"c0": 9}}}"#,
+        ]
+        .join("\n"),
+    };
+    let l = original::load(&files, &tasks, "t").unwrap();
+    assert_eq!(l.tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["ok"]);
+    let problems: Vec<String> = l.report.problems.iter().map(|p| p.to_string()).collect();
+    assert!(problems[0].starts_with("t.jsonl:1: task `deep` cannot be done"), "{problems:?}");
+    assert!(problems[1].starts_with("t.jsonl:2: task `loop` cannot be done"), "{problems:?}");
+    assert_eq!(l.world.item(id(&l.world, "c40")).tier, 40);
+    assert!(l.report.items_on_loops.len() == 200);
+}

@@ -49,8 +49,9 @@ pub fn compact(world: &World, inv: &mut Inventory, item: ItemId, n: u64) -> Resu
                 for (ing, units) in pay {
                     take(inv, ing, units);
                 }
-                let made = crafts * r.result_count as u64;
-                *inv.entry(item).or_default() += made;
+                let made = crafts.saturating_mul(r.result_count as u64);
+                let held = inv.entry(item).or_default();
+                *held = held.saturating_add(made);
                 return Ok(made);
             }
             Err(short) => {
@@ -65,7 +66,7 @@ pub fn compact(world: &World, inv: &mut Inventory, item: ItemId, n: u64) -> Resu
 fn compact_payment(world: &World, inv: &Inventory, r: &Recipe, crafts: u64) -> Result<Vec<(ItemId, u64)>, CraftError> {
     let mut pay: Vec<(ItemId, u64)> = Vec::with_capacity(r.ingredients.len());
     for &(ing, amount) in &r.ingredients {
-        let units = crafts * amount as u64;
+        let units = crafts.saturating_mul(amount as u64);
         let it = world.item(ing);
         if it.is_tag() {
             let named = |m: &ItemId| r.ingredients.iter().any(|(i, _)| i == m) || pay.iter().any(|(p, _)| p == m);
@@ -111,7 +112,7 @@ pub fn match_recipe(world: &World, r: &Recipe, total: u64, provided: &[(ItemId, 
     let crafts = total / yield_;
     let mut takes: Vec<(ItemId, u64)> = Vec::with_capacity(r.ingredients.len());
     for &(ing, amount) in &r.ingredients {
-        let units = crafts * amount as u64;
+        let units = crafts.saturating_mul(amount as u64);
         let it = world.item(ing);
         let found = if it.is_tag() {
             provided.iter().find(|(p, n)| it.members.contains(p) && *n == units).map(|(p, _)| *p)
@@ -149,7 +150,8 @@ pub fn exact(world: &World, inv: &mut Inventory, item: ItemId, total: u64, provi
         for (p, units) in takes {
             take(inv, p, units);
         }
-        *inv.entry(item).or_default() += total;
+        let held = inv.entry(item).or_default();
+        *held = held.saturating_add(total);
         return Ok(total);
     }
     Err(refusal)

@@ -207,7 +207,7 @@ fn advance(world: &World, mut st: State, step: Step, borrow: bool) -> Advance {
                     for (i, &(ing, amount)) in r.ingredients.iter().enumerate().rev() {
                         s.agenda.push(Step::Obtain {
                             item: ing,
-                            n: crafts * amount as u64,
+                            n: crafts.saturating_mul(amount as u64),
                             path: inner.clone(),
                             parent: Some(slot),
                             slot_ing: Some(i),
@@ -259,19 +259,20 @@ fn choose_member(
 fn make(world: &World, mut st: State, slot: usize) -> Advance {
     let s = st.slots[slot].clone();
     let r = &world.item(s.item).recipes[s.recipe];
-    let total = s.crafts * r.result_count as u64;
+    // Saturating: units multiply down a deep chain of recipes (such a plan fails on the inventory).
+    let total = s.crafts.saturating_mul(r.result_count as u64);
     // Tag items first, so the original's first-match lookup for a tag finds the chosen item.
     let mut provided: Vec<(ItemId, u64)> = Vec::with_capacity(r.ingredients.len());
     for (k, &(ing, amount)) in r.ingredients.iter().enumerate() {
         if let Some(m) = s.members[k] {
-            provided.push((m, s.crafts * amount as u64));
+            provided.push((m, s.crafts.saturating_mul(amount as u64)));
         } else if world.item(ing).is_tag() {
             return Advance::Dead;
         }
     }
     for &(ing, amount) in &r.ingredients {
         if !world.item(ing).is_tag() {
-            provided.push((ing, s.crafts * amount as u64));
+            provided.push((ing, s.crafts.saturating_mul(amount as u64)));
         }
     }
     // The original's craft tries every recipe of the item: the first that matches decides, and
@@ -279,7 +280,8 @@ fn make(world: &World, mut st: State, slot: usize) -> Advance {
     if !world.item(s.item).recipes.iter().any(|r| match_recipe(world, r, total, &provided).is_some()) {
         return Advance::Dead;
     }
-    *st.avail.entry(s.item).or_default() += total - s.owed;
+    let left = st.avail.entry(s.item).or_default();
+    *left = left.saturating_add(total - s.owed);
     let craft = Craft { item: s.item, total, ingredients: provided, parent: s.parent, start: s.start, goal: s.goal };
     st.done.push((craft, slot));
     Advance::Continue(st)
