@@ -98,7 +98,7 @@ fn the_original_pipeline_runs_end_to_end_on_the_fixture() {
     let trees = files_named(&store, "trees.parquet");
     let printed: Vec<String> = trees.iter().map(|t| text(&rao(&["inspect", t.to_str().unwrap(), "--limit", "100"], dir.path()))).collect();
     let gold = printed.iter().find(|t| t.contains("craft oak planks 8 from oak log 2")).expect("the gold trees");
-    assert!(gold.contains("task textcraft.val.0@1 ·") && gold.contains("task textcraft.val.0@6 ·"), "{gold}");
+    assert!(gold.contains("task textcraft.val.0@1 (") && gold.contains("task textcraft.val.0@6 ("), "{gold}");
     assert_eq!(gold.matches("root score 1 ").count(), 10, "{gold}");
 
     // `split: validation` marks the evaluation tasks; each tasks artifact has its load report.
