@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use crate::envs::Split;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TextCraftFilesParams {
     /// The directory of recipe files, relative to the dataset: every `*.json` directly in it.
@@ -50,6 +50,9 @@ const MAX_RECIPE_FILES: usize = 50_000;
 pub struct TextCraftFiles;
 
 impl TypedStage for TextCraftFiles {
+    fn code() -> &'static str {
+        crate::code::of("textcraft_files")
+    }
     type Params = TextCraftFilesParams;
     const NAME: &'static str = "textcraft_files";
     const VERSION: u32 = 1;
