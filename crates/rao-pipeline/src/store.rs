@@ -149,6 +149,14 @@ impl Store {
         self.local_root.as_ref().map(|r| r.join(key))
     }
 
+    /// Where `key` lives on disk, for local stores and keys made only of plain names (no `..`,
+    /// `.`, empty or absolute segments): the direct file-system paths below never leave the root.
+    /// Other keys go through object_store, which refuses them.
+    fn plain_local_path(&self, key: &str) -> Option<PathBuf> {
+        let plain = !key.is_empty() && key.split('/').all(|seg| !seg.is_empty() && seg != "." && seg != ".." && !seg.contains('\\'));
+        if plain { self.local_path(key) } else { None }
+    }
+
     fn path(&self, key: &str) -> Path {
         if self.prefix.as_ref().is_empty() { Path::from(key) } else { Path::from(format!("{}/{}", self.prefix.as_ref(), key)) }
     }
@@ -161,6 +169,11 @@ impl Store {
 
     /// Write an object. Local and cloud stores make the object visible whole or not at all.
     pub async fn put(&self, key: &str, bytes: Bytes) -> StoreResult<()> {
+        // Local stores write directly (a temporary file renamed over the key): object_store hops
+        // to a blocking thread per call, which dominates the overhead of small stages.
+        if let Some(path) = self.plain_local_path(key) {
+            return local::write_whole(&path, &bytes, local::Mode::Replace).map(|_| ()).map_err(|e| StoreError::io(key, &path, e));
+        }
         self.inner.put(&self.path(key), PutPayload::from_bytes(bytes)).await.map(|_| ()).map_err(|e| StoreError::object(key, e))
     }
 
@@ -192,6 +205,13 @@ impl Store {
 
     /// Every object under `prefix` (recursively), as (key relative to the store, size).
     pub async fn list(&self, prefix: &str) -> StoreResult<Vec<(String, u64)>> {
+        let prefix_path = match prefix.trim_end_matches('/') {
+            "" => self.local_root().map(FsPath::to_path_buf),
+            p => self.plain_local_path(p),
+        };
+        if let (Some(root), Some(dir)) = (self.local_root(), prefix_path) {
+            return local::list(root, &dir).map_err(|e| StoreError::io(prefix, &dir, e));
+        }
         let p = self.path(prefix);
         let metas: Vec<_> = self.inner.list(Some(&p)).try_collect().await.map_err(|e| StoreError::object(prefix, e))?;
         let mut out: Vec<(String, u64)> = metas.iter().map(|m| (self.strip(&m.location), m.size)).collect();
@@ -212,6 +232,12 @@ impl Store {
     }
 
     pub async fn delete(&self, key: &str) -> StoreResult<()> {
+        if let Some(path) = self.plain_local_path(key) {
+            return match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::io(key, &path, e)),
+                _ => Ok(()),
+            };
+        }
         match self.inner.delete(&self.path(key)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(StoreError::object(key, e)),
@@ -237,6 +263,9 @@ impl Store {
     /// Write an object only if none exists under `key` (`If-None-Match: *` on S3, a hard link
     /// locally): `true` if this call created it, `false` if another writer was first.
     pub async fn put_if_absent(&self, key: &str, bytes: Bytes) -> StoreResult<bool> {
+        if let Some(path) = self.plain_local_path(key) {
+            return local::write_whole(&path, &bytes, local::Mode::CreateOnly).map_err(|e| StoreError::io(key, &path, e));
+        }
         let opts = object_store::PutOptions { mode: object_store::PutMode::Create, ..Default::default() };
         match self.inner.put_opts(&self.path(key), PutPayload::from_bytes(bytes), opts).await {
             Ok(_) => Ok(true),
@@ -271,3 +300,109 @@ pub fn open_cloud(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), String> {
 
 pub use crate::layout::{manifest_key, object_dir};
 pub use crate::manifest::{FileEntry, Manifest};
+
+/// Direct file-system operations of a local store, with the same guarantees as object_store's
+/// local backend: an object appears whole or not at all.
+mod local {
+    use std::io::Write;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[derive(PartialEq)]
+    pub enum Mode {
+        Replace,
+        /// Fail (return `false`) if the key exists: a hard link never overwrites.
+        CreateOnly,
+    }
+
+    /// Temporary files carry this in their name; listings skip them.
+    const TEMP_MARK: &str = ".rao-tmp.";
+
+    pub fn write_whole(path: &Path, bytes: &[u8], mode: Mode) -> std::io::Result<bool> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"));
+        };
+        std::fs::create_dir_all(parent)?;
+        let name = name.to_string_lossy();
+        let tmp = parent.join(format!(".{name}{TEMP_MARK}{}.{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+        let written = (|| {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(bytes)?;
+            f.flush()
+        })();
+        let result = written.and_then(|()| match mode {
+            Mode::Replace => std::fs::rename(&tmp, path).map(|()| true),
+            Mode::CreateOnly => match std::fs::hard_link(&tmp, path) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(e),
+            },
+        });
+        if mode == Mode::CreateOnly || result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Every file under `dir` as (key relative to `root`, size), sorted; temporary files skipped.
+    pub fn list(root: &Path, dir: &Path) -> std::io::Result<Vec<(String, u64)>> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            let entries = match std::fs::read_dir(&d) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::NotADirectory => continue,
+                Err(e) => return Err(e),
+            };
+            for e in entries {
+                let e = e?;
+                let ty = e.file_type()?;
+                let name = e.file_name().to_string_lossy().to_string();
+                if ty.is_dir() {
+                    stack.push(e.path());
+                } else if ty.is_file() && !name.contains(TEMP_MARK) && !name.contains('#') {
+                    // Symbolic links and other special files are not objects: skipped.
+                    if let Ok(rel) = e.path().strip_prefix(root) {
+                        out.push((rel.to_string_lossy().replace('\\', "/"), e.metadata()?.len()));
+                    }
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread().build().expect("a runtime").block_on(f)
+    }
+
+    #[test]
+    fn local_writes_are_whole_create_only_once_and_listed_without_temporaries_or_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().to_str().unwrap(), dir.path()).unwrap();
+        block(async {
+            assert!(store.put_if_absent("a/b/first", Bytes::from_static(b"1")).await.unwrap());
+            assert!(!store.put_if_absent("a/b/first", Bytes::from_static(b"2")).await.unwrap());
+            assert_eq!(store.get("a/b/first").await.unwrap().as_ref(), b"1", "the first writer wins");
+            store.put("a/b/first", Bytes::from_static(b"33")).await.unwrap();
+            assert_eq!(store.get("a/b/first").await.unwrap().as_ref(), b"33");
+            std::fs::write(dir.path().join("a/b/.x.rao-tmp.1.2"), b"partial").unwrap();
+            std::os::unix::fs::symlink("/etc/passwd", dir.path().join("a/b/link")).unwrap();
+            assert_eq!(store.list("a/").await.unwrap(), vec![("a/b/first".to_string(), 2)]);
+            assert_eq!(store.list("").await.unwrap(), vec![("a/b/first".to_string(), 2)]);
+            store.delete("a/b/first").await.unwrap();
+            store.delete("a/b/first").await.unwrap();
+            assert!(store.list("a").await.unwrap().is_empty());
+            // Keys that would leave the root never reach the file system directly (object_store
+            // escapes their `..`).
+            let _ = store.put("../escaped", Bytes::from_static(b"x")).await;
+            assert!(!dir.path().parent().unwrap().join("escaped").exists());
+        });
+    }
+}
