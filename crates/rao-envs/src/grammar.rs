@@ -8,3 +8,13 @@ pub trait Grammar: Send + Sync {
     /// action may end here. Never empty.
     fn allowed(&self, recursive: bool, prefix: &[Tok]) -> Vec<Tok>;
 }
+
+/// No constraint: every token of a vocabulary of the given size may come next (a language model
+/// sampling freely).
+pub struct AnyToken(pub usize);
+
+impl Grammar for AnyToken {
+    fn allowed(&self, _recursive: bool, _prefix: &[Tok]) -> Vec<Tok> {
+        (0..self.0 as Tok).collect()
+    }
+}

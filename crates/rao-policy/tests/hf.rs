@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use rao_envs::grammar::Grammar;
+use rao_envs::grammar::{AnyToken, Grammar};
 use rao_envs::vocab::Tok;
 use rao_policy::hf::{self, Pretrained};
 use rao_policy::{Backend, Loss, Policy, SampleRequest, Sequence};
@@ -54,15 +54,6 @@ fn expected(name: &str) -> Expected {
 
 fn load(name: &str) -> Pretrained {
     hf::load(&fixtures().join(name), Backend::Cpu).unwrap_or_else(|e| panic!("loading {name}: {e:#}"))
-}
-
-/// Every token allowed.
-struct AnyToken(usize);
-
-impl Grammar for AnyToken {
-    fn allowed(&self, _recursive: bool, _prefix: &[Tok]) -> Vec<Tok> {
-        (0..self.0 as Tok).collect()
-    }
 }
 
 /// rao's logits for each prompt's positions, from one right-padded batch.

@@ -1,7 +1,7 @@
 //! The policy's contracts: recorded log-probs match a fresh forward pass; the CISPO gradient is
 //! the analytic one; training is deterministic; checkpoints round-trip bit for bit.
 
-use rao_envs::grammar::Grammar;
+use rao_envs::grammar::{AnyToken, Grammar};
 use rao_envs::textcraft::{self, SynthConfig, grammar::TextCraftGrammar};
 use rao_envs::vocab::Tok;
 use rao_policy::params::{read_grads, read_params, write_params};
@@ -80,15 +80,6 @@ fn sampled_logprobs_equal_a_fresh_forward_pass_with(prev_token: bool) {
     }
     // Same seeds, same samples.
     assert_eq!(policy.sample(&reqs, &grammar, 1.0), outs);
-}
-
-/// Every token allowed: log-probs under the model's unmasked distribution.
-struct AnyToken(usize);
-
-impl Grammar for AnyToken {
-    fn allowed(&self, _recursive: bool, _prefix: &[Tok]) -> Vec<Tok> {
-        (0..self.0 as Tok).collect()
-    }
 }
 
 #[test]
