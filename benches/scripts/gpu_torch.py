@@ -232,7 +232,7 @@ def table(args):
     ratio = lambda a, b: "—" if a is None or b is None else f"{a / b:.2f}"
     frac = lambda r: "—" if r is None or not bf16_peak else f"{flops(r, n, n_lora) / r['seconds'] / bf16_peak:.4f}"
     out = [f"matmul parameters N = {n:,}, LoRA parameters = {n_lora:,}; peaks: "
-           + ", ".join(f"{d} {p / 1e12:.1f} TFLOP/s" for d, p in peaks.items()),
+           + ", ".join(f"{d} {p / 1e12:.4g} TFLOP/s" for d, p in peaks.items()),
            "", "| measurement | shape | rao wgpu tok/s | torch bf16 tok/s | torch f32 tok/s | rao ÷ bf16 | rao ÷ f32 | "
            "fraction of bf16 peak: rao / bf16 / f32 |", "|---|---|---:|---:|---:|---:|---:|---|"]
     keys = []

@@ -172,7 +172,7 @@ fn hf_trace(dir: &Path, backend: Backend, prompts: &[Vec<Tok>], seqs: &[Sequence
     let (mut losses, mut grad_norms) = (vec![], vec![]);
     for step in 0..STEPS {
         let t0 = Instant::now();
-        let m = policy.train_step(seqs, &grammar, Loss::Cispo { lo: 0.0, hi: 5.0 }, 1e-2, 1.0);
+        let m = policy.train_step(seqs, &grammar, Loss::Cispo { lo: 0.0, hi: 5.0 }, 1e-3, 1.0);
         println!("  {backend:?}: LoRA step {step} loss {:.6} grad-norm {:.6} in {:.1}s", m.loss, m.grad_norm, t0.elapsed().as_secs_f64());
         losses.push(m.loss);
         grad_norms.push(m.grad_norm);
@@ -194,15 +194,20 @@ fn hf_model(dir: &Path) -> anyhow::Result<Vec<String>> {
     let prompts: Vec<Vec<Tok>> =
         [5usize, 12, 9].iter().enumerate().map(|(i, &n)| (0..n).map(|j| ((i * 131 + j * 37 + 3) % vocab) as Tok).collect()).collect();
     let advantage = [1.0, -0.5, 0.8];
-    let seqs: Vec<Sequence> = prompts
-        .iter()
-        .zip(advantage)
-        .map(|(p, a)| {
-            let completion: Vec<Tok> = p.iter().map(|t| (t * 7 + 1) % vocab as Tok).take(6).collect();
-            let old = vec![-(vocab as f32).ln(); completion.len()];
-            Sequence::from_completion(p, &completion, &old, a, false)
-        })
-        .collect();
+    let completions: Vec<Vec<Tok>> = prompts.iter().map(|p| p.iter().map(|t| (t * 7 + 1) % vocab as Tok).take(6).collect()).collect();
+    let as_seqs = |old: &[Vec<f32>]| -> Vec<Sequence> {
+        prompts
+            .iter()
+            .zip(&completions)
+            .zip(old)
+            .zip(advantage)
+            .map(|(((p, c), o), a)| Sequence::from_completion(p, c, o, a, false))
+            .collect()
+    };
+    // Behaviour log-probs: the base model's own (CPU), so the first step's ratios are 1.
+    let placeholder: Vec<Vec<f32>> = completions.iter().map(|c| vec![0.0; c.len()]).collect();
+    let base = hf::load(dir, Backend::Cpu)?.policy;
+    let seqs = as_seqs(&base.sequence_logprobs(&as_seqs(&placeholder), &AnyToken(vocab), 1.0));
     println!("Hugging Face model {}, CPU (Flex):", dir.display());
     let cpu = hf_trace(dir, Backend::Cpu, &prompts, &seqs)?;
     println!("Hugging Face model, wgpu:");

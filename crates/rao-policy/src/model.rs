@@ -385,8 +385,26 @@ impl Transformer {
         prev: Tensor<2, Int>,
         positions: &[Vec<usize>],
         bias: Tensor<4>,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
     ) -> Tensor<3> {
+        let [b, t] = tokens.dims();
+        let logits = self.head(self.hidden_fused(fused, tokens, prev, positions, bias, cache));
+        let vocab = logits.dims()[1];
+        logits.reshape([b, t, vocab])
+    }
+
+    /// The last block's output `[B·T, D]` (row `i·T + j`: row `i`, position `j`) before the
+    /// final norm; [`Transformer::head`] turns any selection of its rows into logits (sampling
+    /// needs only each prompt's last position, not `[B, T, V]` logits).
+    pub fn hidden_fused(
+        &self,
+        fused: &Fused,
+        tokens: Tensor<2, Int>,
+        prev: Tensor<2, Int>,
+        positions: &[Vec<usize>],
+        bias: Tensor<4>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Tensor<2> {
         let device = tokens.device();
         let [b, t] = tokens.dims();
         let d = self.d_model;
@@ -404,14 +422,18 @@ impl Transformer {
             let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
             x = block.forward(f, x, b, (&rope.0, &rope.1), &bias, slot);
         }
-        let h = kernels::rms_norm(&self.norm, x);
+        x
+    }
+
+    /// Logits `[N, V]` of hidden rows `[N, D]` ([`Transformer::hidden_fused`]): final norm, output layer.
+    pub fn head(&self, hidden: Tensor<2>) -> Tensor<2> {
+        let h = kernels::rms_norm(&self.norm, hidden);
         let w = match &self.lm_head {
             Some(head) => head.weight.val(),
             // Tied embeddings: logits = h · Eᵀ.
             None => self.embed.weight.val().transpose(),
         };
-        let vocab = w.dims()[1];
-        kernels::linear(h, w).reshape([b, t, vocab])
+        kernels::linear(h, w)
     }
 
     pub fn num_params(&self) -> usize {

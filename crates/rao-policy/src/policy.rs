@@ -37,9 +37,13 @@ pub fn device(backend: Backend) -> anyhow::Result<Device> {
     }
 }
 
+/// The wgpu device, set up once per process: Burn registers its runtime on the first
+/// `init` and refuses a second ("Service already initialized"), so a second policy on wgpu in
+/// the same process shares the first one's device.
 #[cfg(feature = "wgpu")]
 fn wgpu_device() -> anyhow::Result<Device> {
-    Device::wgpu_options().init().map_err(|e| {
+    static DEVICE: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
+    DEVICE.get_or_init(|| Device::wgpu_options().init().map_err(|e| e.to_string())).clone().map_err(|e| {
         anyhow::anyhow!(
             "no wgpu adapter found ({e}). Install a GPU or a Vulkan driver (Debian: `apt install mesa-vulkan-drivers libvulkan1` gives a software one), or set `backend: cpu`"
         )
@@ -323,7 +327,7 @@ impl Policy {
         let bias = causal_bias(&lens, t);
         let mut cache = KvCache::default();
         let fused = model.fuse();
-        let logits = model.forward_fused(
+        let hidden = model.hidden_fused(
             &fused,
             Tensor::<2, Int>::from_data(TensorData::new(toks, [b, t]), dev),
             prev,
@@ -331,9 +335,13 @@ impl Policy {
             Tensor::<4>::from_data(TensorData::new(bias, [b, 1, t, t]), dev),
             Some(&mut cache),
         );
+        // Logits of each prompt's last position only: all `[B, T, V]` of them would be 2.5 GB at
+        // B = T = 64 over Qwen's 151,936 tokens, past what one wgpu buffer may hold (on an H200).
+        let last_rows: Vec<i64> = (0..b).map(|i| (i * t + lens[i] - 1) as i64).collect();
+        let logits = model.head(hidden.select(0, Tensor::<1, Int>::from_data(TensorData::new(last_rows, [b]), dev)));
         let vocab = self.cfg.vocab;
         let all: Vec<f32> = logits.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 logits");
-        let mut last: Vec<Vec<f32>> = (0..b).map(|i| all[(i * t + lens[i] - 1) * vocab..(i * t + lens[i]) * vocab].to_vec()).collect();
+        let mut last: Vec<Vec<f32>> = (0..b).map(|i| all[i * vocab..(i + 1) * vocab].to_vec()).collect();
         let mut out: Vec<(Vec<Tok>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); b];
         let mut done: Vec<bool> = reqs.iter().map(|r| r.max_new_tokens == 0).collect();
         let mut slots = t; // keys in the cache
