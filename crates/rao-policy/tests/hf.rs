@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use rao_envs::grammar::{AnyToken, Grammar};
+use rao_envs::grammar::AnyToken;
 use rao_envs::vocab::Tok;
 use rao_policy::hf::{self, Pretrained};
 use rao_policy::{Backend, Loss, Policy, SampleRequest, Sequence};
