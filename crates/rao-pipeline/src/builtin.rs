@@ -73,17 +73,9 @@ impl StageKind for Shell {
     }
 }
 
-/// The content hash of a file a command reads: a regular file only (a pipe would block, a device
-/// never end), streamed so its size does not matter to memory.
+/// The content hash of a file a command reads.
 fn hash_dep(path: &Path) -> Result<blake3::Hash, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot be read: {e}"))?;
-    if !meta.is_file() {
-        return Err("is not a regular file (list files, not folders, pipes or devices, under `deps`)".into());
-    }
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
-    let mut h = blake3::Hasher::new();
-    h.update_reader(file).map_err(|e| format!("cannot be read: {e}"))?;
-    Ok(h.finalize())
+    crate::local_file::hash_regular(path).map(|(_, hash)| hash)
 }
 
 fn env_name(prefix: &str, name: &str) -> String {

@@ -171,7 +171,8 @@ impl Compiled {
 /// A file with `extends` is a variant: another pipeline file plus the changes in its `set`.
 pub fn load(path: &Path, overrides: &[String], registry: &Registry) -> Result<Compiled, Diagnostics> {
     let label = path.display().to_string();
-    let text = read_pipeline_text(path, &label)?;
+    let text = read_pipeline_text(path)
+        .map_err(|m| Diagnostics { file: label.clone(), source: String::new(), items: vec![Diagnostic::new(Pos::NONE, m)] })?;
     let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }).unwrap_or(Path::new("."));
     let base = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
     let (label, text, mut all_overrides) = resolve_variant(path, label, text, 0)?;
@@ -184,17 +185,17 @@ pub fn load(path: &Path, overrides: &[String], registry: &Registry) -> Result<Co
 }
 
 /// The file's text: a regular file of bounded size (a FIFO or a device would block or never end).
-fn read_pipeline_text(path: &Path, label: &str) -> Result<String, Diagnostics> {
-    let fail = |m: String| Diagnostics { file: label.to_string(), source: String::new(), items: vec![Diagnostic::new(Pos::NONE, m)] };
-    let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read pipeline file: {e}")))?;
+/// Used for the file given and for the files variants extend.
+fn read_pipeline_text(path: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read pipeline file: {e}"))?;
     if !meta.is_file() {
-        return Err(fail("the pipeline file is not a regular file (a folder, a pipe or a device)".into()));
+        return Err("the pipeline file is not a regular file (a folder, a pipe or a device)".into());
     }
     if meta.len() > crate::parse::MAX_FILE_BYTES as u64 {
-        return Err(fail(format!("the pipeline file is {} bytes; at most {} are read", meta.len(), crate::parse::MAX_FILE_BYTES)));
+        return Err(format!("the pipeline file is {} bytes; at most {} are read", meta.len(), crate::parse::MAX_FILE_BYTES));
     }
-    let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read pipeline file: {e}")))?;
-    String::from_utf8(bytes).map_err(|e| fail(format!("the pipeline file is not UTF-8 text (byte {})", e.utf8_error().valid_up_to())))
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read pipeline file: {e}"))?;
+    String::from_utf8(bytes).map_err(|e| format!("the pipeline file is not UTF-8 text (byte {})", e.utf8_error().valid_up_to()))
 }
 
 /// Follow `extends` to the pipeline file that has the stages; returns its label and text and the
@@ -220,9 +221,9 @@ fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Re
         ]));
     }
     let base_path = path.parent().unwrap_or(Path::new(".")).join(&v.extends.value);
-    let base_text = std::fs::read_to_string(&base_path).map_err(|e| {
+    let base_text = read_pipeline_text(&base_path).map_err(|m| {
         fail(vec![
-            Diagnostic::new(v.extends.pos, format!("cannot read `{}`: {e}", base_path.display()))
+            Diagnostic::new(v.extends.pos, format!("cannot extend `{}`: {m}", base_path.display()))
                 .help("`extends` takes a pipeline file path relative to this file"),
         ])
     })?;

@@ -121,8 +121,8 @@ async fn list_cloud(store: &dyn ObjectStore, root: &Path) -> anyhow::Result<Vec<
 
 fn list_local(path: &FsPath) -> anyhow::Result<Vec<Entry>> {
     let hash = |p: &FsPath| -> anyhow::Result<(u64, String)> {
-        let bytes = std::fs::read(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
-        Ok((bytes.len() as u64, format!("blake3:{}", blake3::hash(&bytes).to_hex())))
+        let (size, hash) = crate::local_file::hash_regular(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        Ok((size, format!("blake3:{}", hash.to_hex())))
     };
     if path.is_file() {
         let (size, identity) = hash(path)?;
@@ -130,13 +130,18 @@ fn list_local(path: &FsPath) -> anyhow::Result<Vec<Entry>> {
         return Ok(vec![Entry { path: name, size, identity, location: Location::File(path.to_path_buf()) }]);
     }
     let mut out = Vec::new();
-    let mut stack = vec![path.to_path_buf()];
-    while let Some(dir) = stack.pop() {
+    // Each folder with the real paths of the folders above it: a link back up is an error, not a
+    // walk without end.
+    let mut stack = vec![(path.to_path_buf(), Vec::new())];
+    while let Some((dir, mut above)) = stack.pop() {
         let Ok(read) = std::fs::read_dir(&dir) else { continue };
+        let real = std::fs::canonicalize(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        anyhow::ensure!(!above.contains(&real), "{}: a link leads back to a folder above it", dir.display());
+        above.push(real);
         for e in read {
             let p = e?.path();
             if p.is_dir() {
-                stack.push(p);
+                stack.push((p, above.clone()));
             } else {
                 let (size, identity) = hash(&p)?;
                 let rel = p.strip_prefix(path).unwrap().to_string_lossy().replace('\\', "/");

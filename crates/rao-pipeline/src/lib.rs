@@ -15,6 +15,7 @@ pub mod integrity;
 pub mod kind;
 pub mod layout;
 pub mod lease;
+pub mod local_file;
 pub mod lower;
 pub mod maintenance;
 pub mod manifest;

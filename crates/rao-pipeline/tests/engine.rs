@@ -404,6 +404,20 @@ stages:
     assert!(e[0].2.contains("stage `gone`") && e[0].2.contains("no object there"), "{e:?}");
 }
 
+#[test]
+fn a_dataset_folder_that_links_back_up_is_refused_not_walked_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("data/sub")).unwrap();
+    std::fs::write(dir.path().join("data/sub/tasks.jsonl"), "one\n").unwrap();
+    std::os::unix::fs::symlink("..", dir.path().join("data/sub/up")).unwrap();
+    let e = match compile("name: x\nstages:\n  data: {kind: dataset, params: {url: data}}\n", dir.path()) {
+        Ok(_) => panic!("a folder that contains itself was listed"),
+        Err(d) => d.items,
+    };
+    assert_eq!(e[0].pos.line, 3, "{e:?}");
+    assert!(e[0].message.contains("a link leads back to a folder above it"), "{e:?}");
+}
+
 /// Panics in its stage code.
 struct Panicking;
 impl rao_pipeline::StageKind for Panicking {
