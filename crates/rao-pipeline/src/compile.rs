@@ -171,8 +171,11 @@ impl Compiled {
 /// A file with `extends` is a variant: another pipeline file plus the changes in its `set`.
 pub fn load(path: &Path, overrides: &[String], registry: &Registry) -> Result<Compiled, Diagnostics> {
     let label = path.display().to_string();
-    let text = read_pipeline_text(path)
-        .map_err(|m| Diagnostics { file: label.clone(), source: String::new(), items: vec![Diagnostic::new(Pos::NONE, m)] })?;
+    let text = read_pipeline_text(path).map_err(|m| Diagnostics {
+        file: label.clone(),
+        source: String::new(),
+        items: vec![Diagnostic::new(Pos::NONE, m)],
+    })?;
     let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }).unwrap_or(Path::new("."));
     let base = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
     let (label, text, mut all_overrides) = resolve_variant(path, label, text, 0)?;
