@@ -163,11 +163,48 @@ impl Checker<'_, '_> {
                         for e in kind.check(&params, &inputs) {
                             self.diags.push(located(e));
                         }
+                        for e in kind.check_upstream(&params, &|| self.upstream(st, in_loop)) {
+                            self.diags.push(located(e));
+                        }
                     }
                 }
             }
             Err(d) => self.diags.push(d),
         }
+    }
+
+    /// The stages `st` reads from, transitively, nearest first (breadth-first; each once), with
+    /// their params substituted (first matrix combination) and defaults filled. Stages whose
+    /// params do not resolve are left out: their own checks report them.
+    fn upstream(&self, st: &Stage, in_loop: Option<&Loop>) -> Vec<crate::kind::Upstream> {
+        let find = |name: &str| -> Option<&Stage> {
+            let sibling = in_loop.and_then(|l| l.body.iter().find(|s| s.name.value == name));
+            sibling.or_else(|| match self.lowered.entry(name) {
+                Some(Entry::Stage(s)) => Some(s),
+                _ => None,
+            })
+        };
+        let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::from([st.name.value.as_str()]);
+        let mut queue: std::collections::VecDeque<&Stage> = std::collections::VecDeque::from([st]);
+        let mut out = Vec::new();
+        while let Some(s) = queue.pop_front() {
+            for r in s.inputs.iter().flat_map(|i| &i.refs).filter(|r| !r.is_loop_var()) {
+                let Some(up) = find(&r.stage) else { continue };
+                if !seen.insert(up.name.value.as_str()) {
+                    continue;
+                }
+                queue.push_back(up);
+                let matrix: BTreeMap<String, Value> =
+                    up.spec.matrix.iter().filter_map(|(k, v)| v.value.first().map(|x| (k.value.clone(), x.clone()))).collect();
+                let scope = Scope { params: &self.lowered.spec.params, matrix: &matrix, iteration: in_loop.map(|_| 1) };
+                if let Ok(params) = scope.params(&up.spec.params)
+                    && let Ok(params) = up.kind.resolve_params(&params)
+                {
+                    out.push(crate::kind::Upstream { stage: up.name.value.clone(), kind: up.kind.name(), params });
+                }
+            }
+        }
+        out
     }
 
     /// Values present, none twice (their instances would share a name), names not too long.

@@ -22,6 +22,13 @@ pub struct ParamError {
     pub help: Option<String>,
 }
 
+/// A stage upstream of the one being checked: its name, kind and params with defaults filled.
+pub struct Upstream {
+    pub stage: String,
+    pub kind: &'static str,
+    pub params: Value,
+}
+
 /// A declared input of a kind.
 #[derive(Debug, Clone, Copy)]
 pub struct InputDecl {
@@ -63,6 +70,12 @@ pub trait StageKind: Send + Sync + 'static {
     /// Checks across params and inputs that `rao validate` runs before anything executes
     /// (e.g. a minimum above a maximum). `inputs` are the names of the inputs given.
     fn check(&self, _params: &Value, _inputs: &[&str]) -> Vec<ParamError> {
+        Vec::new()
+    }
+    /// Checks against the stages upstream of this one, which `upstream()` lists on demand
+    /// (nearest first, through inputs transitively): e.g. an update must use its rollout's
+    /// grammar.
+    fn check_upstream(&self, _params: &Value, _upstream: &dyn Fn() -> Vec<Upstream>) -> Vec<ParamError> {
         Vec::new()
     }
     fn run(&self, ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>>;
@@ -315,6 +328,10 @@ pub trait TypedStage: Send + Sync + 'static {
     fn check(_params: &Self::Params, _inputs: &[&str]) -> Vec<ParamError> {
         Vec::new()
     }
+    /// See `StageKind::check_upstream`.
+    fn check_upstream(_params: &Self::Params, _upstream: &dyn Fn() -> Vec<Upstream>) -> Vec<ParamError> {
+        Vec::new()
+    }
     const DESCRIBE: &'static str;
     const INPUTS: &'static [InputDecl];
     const OUTPUTS: &'static [&'static str];
@@ -357,6 +374,12 @@ impl<T: TypedStage> StageKind for Typed<T> {
     fn check(&self, params: &Value, inputs: &[&str]) -> Vec<ParamError> {
         match parse_typed::<T::Params>(params) {
             Ok(p) => T::check(&p, inputs),
+            Err(e) => vec![e],
+        }
+    }
+    fn check_upstream(&self, params: &Value, upstream: &dyn Fn() -> Vec<Upstream>) -> Vec<ParamError> {
+        match parse_typed::<T::Params>(params) {
+            Ok(p) => T::check_upstream(&p, upstream),
             Err(e) => vec![e],
         }
     }

@@ -37,7 +37,7 @@ pub use compile::{Compiled, compile_str, load};
 pub use diag::Diagnostics;
 pub use events::{Event, Reporter};
 pub use executor::{Executor, InProcess, LocalProcess, PerInstance};
-pub use kind::{InputArtifact, InputDecl, ParamError, Registry, StageContext, StageKind, Typed, TypedStage};
+pub use kind::{InputArtifact, InputDecl, ParamError, Registry, StageContext, StageKind, Typed, TypedStage, Upstream};
 pub use run_record::{InstanceStatus, RunRecord, RunStatus};
 pub use scheduler::{RunOptions, run};
 pub use store::Store;

@@ -3,14 +3,14 @@
 
 use futures::future::BoxFuture;
 use rao_envs::rng::Rng;
-use rao_pipeline::{InputDecl, StageContext, TypedStage};
+use rao_pipeline::{InputDecl, ParamError, StageContext, TypedStage, Upstream};
 use rao_policy::{Backend, Loss};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::envs;
 use crate::neural::{load_policy, write_checkpoint};
-use crate::rollout::tree_metrics;
+use crate::rollout::{Rollout, tree_metrics};
 use crate::training::{node_sequence, read_trees, retry_rate};
 
 #[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
@@ -79,6 +79,24 @@ impl TypedStage for Update {
         InputDecl { name: "tasks", required: true },
     ];
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
+
+    /// The update scores each token under the grammar the rollout sampled it from; another cap
+    /// on children would change which tokens are allowed and so every log-prob ratio.
+    fn check_upstream(p: &UpdateParams, upstream: &dyn Fn() -> Vec<Upstream>) -> Vec<ParamError> {
+        let ups = upstream();
+        let Some(rollout) = ups.iter().find(|u| u.kind == Rollout::NAME) else { return Vec::new() };
+        match rollout.params.pointer("/limits/max_children").and_then(serde_json::Value::as_u64) {
+            Some(n) if n != p.max_children as u64 => vec![ParamError {
+                key: Some("max_children".into()),
+                message: format!(
+                    "max_children is {} but rollout `{}` samples with limits.max_children {n}: the update would score its tokens under another grammar",
+                    p.max_children, rollout.stage
+                ),
+                help: Some("give both the same value, e.g. `max_children: ${params.limits.max_children}` here and `limits: ${params.limits}` in the rollout".into()),
+            }],
+            _ => Vec::new(),
+        }
+    }
 
     fn run(ctx: StageContext, p: UpdateParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
