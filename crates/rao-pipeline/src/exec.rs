@@ -80,12 +80,10 @@ async fn lease_or_reuse(store: &Store, job: &Job, name: &str, reporter: &Reporte
     let mut delay = Duration::from_millis(20);
     let mut announced = false;
     loop {
-        if let Some(m) = reusable(store, &job.fingerprint, job.forced_at).await? {
-            return Ok(Err(m));
-        }
         match lease::try_acquire(store, &job.fingerprint, &job.run_id, name).await? {
             Acquired::Held(guard) => {
-                // It may have been published between the check and the lease.
+                // Checked under the lease: another run may have published it since the caller's
+                // cache check (or while this one waited).
                 if let Some(m) = reusable(store, &job.fingerprint, job.forced_at).await? {
                     guard.release().await;
                     return Ok(Err(m));
@@ -102,6 +100,9 @@ async fn lease_or_reuse(store: &Store, job: &Job, name: &str, reporter: &Reporte
                 }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(1)).min(lease::ttl() / 4);
+                if let Some(m) = reusable(store, &job.fingerprint, job.forced_at).await? {
+                    return Ok(Err(m));
+                }
             }
         }
     }
