@@ -192,10 +192,17 @@ pub struct Transformer {
     pub inv_freq: Vec<f64>,
 }
 
-/// Per-layer keys and values of everything seen so far: `[B, H_kv, S, Dh]`.
+/// Per-layer keys and values of everything seen so far.
 #[derive(Default)]
 pub struct KvCache {
-    pub layers: Vec<Option<(Tensor<4>, Tensor<4>)>>,
+    pub layers: Vec<Option<LayerKv>>,
+}
+
+/// One layer's cached keys and values: tensors `[B, H_kv, S, Dh]` on any backend, or host rows
+/// for the fused CPU kernel.
+pub enum LayerKv {
+    Tensors(Tensor<4>, Tensor<4>),
+    Rows(kernels::KvRows),
 }
 
 /// Rotary tables for explicit positions, one row `[Dh]` per projected row (each pair's angle twice:
@@ -288,7 +295,7 @@ impl Block {
         b: usize,
         rope: (&Tensor<2>, &Tensor<2>),
         bias: &Tensor<4>,
-        cache: Option<&mut Option<(Tensor<4>, Tensor<4>)>>,
+        cache: Option<&mut Option<LayerKv>>,
     ) -> Tensor<2> {
         let [n, _] = x.dims();
         let (t, h, kvh, dh) = (n / b, self.n_heads, self.n_kv_heads, self.head_dim);
@@ -296,15 +303,26 @@ impl Block {
         let qkv = self.project_qkv(fused, hx);
         let merged = match cache {
             None => kernels::rope_attention(qkv, rope, bias, b, (h, kvh)),
+            Some(slot) if kernels::fused(&qkv) => {
+                let rows = match slot.get_or_insert_with(|| LayerKv::Rows(kernels::KvRows::default())) {
+                    LayerKv::Rows(rows) => rows,
+                    LayerKv::Tensors(..) => panic!("a KV cache filled on another backend"),
+                };
+                kernels::cached_rope_attention(qkv, rope, bias, b, (h, kvh), rows)
+            }
             Some(slot) => {
                 let [q, k, v] = kernels::split_qkv(qkv, h * dh, kvh * dh);
                 let heads = |y: Tensor<2>, hs: usize| y.reshape([b, t, hs, dh]).swap_dims(1, 2);
                 let (q, mut k, mut v) = (heads(kernels::rope(q, rope), h), heads(kernels::rope(k, rope), kvh), heads(v, kvh));
-                if let Some((pk, pv)) = slot.take() {
-                    k = Tensor::cat(vec![pk, k], 2);
-                    v = Tensor::cat(vec![pv, v], 2);
+                match slot.take() {
+                    Some(LayerKv::Tensors(pk, pv)) => {
+                        k = Tensor::cat(vec![pk, k], 2);
+                        v = Tensor::cat(vec![pv, v], 2);
+                    }
+                    Some(LayerKv::Rows(_)) => panic!("a KV cache filled by the fused kernel"),
+                    None => {}
                 }
-                *slot = Some((k.clone(), v.clone()));
+                *slot = Some(LayerKv::Tensors(k.clone(), v.clone()));
                 let (k, v) = (kernels::repeat_kv(k, h / kvh), kernels::repeat_kv(v, h / kvh));
                 let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
                 softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([n, h * dh])

@@ -1,6 +1,7 @@
 //! Parameters as flat f32 vectors in a fixed (visit) order: the checkpoint format and what the
 //! optimiser works on. Bit-exact and independent of Burn's random parameter ids.
 
+use rayon::prelude::*;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
@@ -146,23 +147,36 @@ impl AdamW {
             self.m = params.iter().map(|p| vec![0.0; p.len()]).collect();
             self.v = params.iter().map(|p| vec![0.0; p.len()]).collect();
         }
-        let norm = grads.iter().flatten().map(|&g| (g as f64) * (g as f64)).sum::<f64>().sqrt();
+        // One accumulator in parameter order (the same bits on any number of threads).
+        let mut sum_sq = 0.0f64;
+        for g in grads {
+            for &x in g {
+                sum_sq += (x as f64) * (x as f64);
+            }
+        }
+        let norm = sum_sq.sqrt();
         let scale = if self.clip_norm > 0.0 && norm > self.clip_norm { self.clip_norm / norm } else { 1.0 };
         self.step += 1;
-        let (b1, b2) = (self.beta1, self.beta2);
+        let (b1, b2, eps, wd) = (self.beta1, self.beta2, self.eps, self.weight_decay);
         let c1 = 1.0 - b1.powi(self.step as i32);
         let c2 = 1.0 - b2.powi(self.step as i32);
+        // Element-wise, so chunks on all threads give the same bits as one loop.
+        const CHUNK: usize = 1 << 14;
         for (k, (p, g)) in params.iter_mut().zip(grads).enumerate() {
             let (m, v) = (&mut self.m[k], &mut self.v[k]);
-            for i in 0..p.len() {
-                let gi = g[i] as f64 * scale;
-                let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
-                let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
-                m[i] = mi as f32;
-                v[i] = vi as f32;
-                let update = (mi / c1) / ((vi / c2).sqrt() + self.eps) + self.weight_decay * p[i] as f64;
-                p[i] = (p[i] as f64 - lr * update) as f32;
-            }
+            (p.par_chunks_mut(CHUNK), g.par_chunks(CHUNK), m.par_chunks_mut(CHUNK), v.par_chunks_mut(CHUNK)).into_par_iter().for_each(
+                |(p, g, m, v)| {
+                    for i in 0..p.len() {
+                        let gi = g[i] as f64 * scale;
+                        let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
+                        let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
+                        m[i] = mi as f32;
+                        v[i] = vi as f32;
+                        let update = (mi / c1) / ((vi / c2).sqrt() + eps) + wd * p[i] as f64;
+                        p[i] = (p[i] as f64 - lr * update) as f32;
+                    }
+                },
+            );
         }
         norm
     }

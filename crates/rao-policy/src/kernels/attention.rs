@@ -198,3 +198,105 @@ simd_fn! {
         }
     }
 }
+
+/// Keys (rotated) and values of every position decoded so far, on the host: per sequence `cap`
+/// rows of `Dkv` columns, the first `len` filled. Grows by doubling, so appending one position
+/// per step costs no copy of what is there (a concatenation would copy it all every step).
+#[derive(Default)]
+pub struct KvRows {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    len: usize,
+    cap: usize,
+    batch: usize,
+    dkv: usize,
+}
+
+impl KvRows {
+    /// Positions held per sequence.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn reserve(&mut self, batch: usize, dkv: usize, extra: usize) {
+        if self.cap == 0 {
+            (self.batch, self.dkv) = (batch, dkv);
+        }
+        assert_eq!((self.batch, self.dkv), (batch, dkv), "a KV cache serves one batch of one width");
+        if self.len + extra <= self.cap {
+            return;
+        }
+        let cap = (2 * self.cap).max(self.len + extra).max(16);
+        let grow = |old: &[f32]| {
+            let mut new = vec![0.0; batch * cap * dkv];
+            for b in 0..batch {
+                new[b * cap * dkv..(b * cap + self.len) * dkv].copy_from_slice(&old[b * self.cap * dkv..(b * self.cap + self.len) * dkv]);
+            }
+            new
+        };
+        (self.k, self.v, self.cap) = (grow(&self.k), grow(&self.v), cap);
+    }
+}
+
+/// Decoding attention: `t` new rows per sequence (`x.qkv: [B·T, Dq + 2·Dkv]`, rotary tables for
+/// their positions) attend to the cached positions and to themselves. Appends the new rows'
+/// rotated keys and values to `cache`, then `out = softmax(q̃·K̃ᵀ + bias)·V` per query head over the
+/// `S = len + T` keys, with `x.bias: [B, T, S]` (0 or −∞). Returns `out`, `[B·T, Dq]`. Inference
+/// only (no backward): the sampler's prefill and each decoded token.
+pub fn cached_forward(x: &Inputs, dims: Dims, cache: &mut KvRows) -> Vec<f32> {
+    let Dims { batch, t, heads, dh, .. } = dims;
+    let (dq, dkv, w, group) = (dims.dq(), dims.dkv(), dims.width(), dims.group());
+    cache.reserve(batch, dkv, t);
+    let (len, cap) = (cache.len, cache.cap);
+    let s = len + t;
+    assert_eq!(x.bias.len(), batch * t * s, "bias must be [B, T, len + T]");
+    let mut out = vec![0.0; batch * t * dq];
+    (out.par_chunks_mut(t * dq), cache.k.par_chunks_mut(cap * dkv), cache.v.par_chunks_mut(cap * dkv)).into_par_iter().enumerate().for_each(|(b, (o, kc, vc))| {
+        let rows = &x.qkv[b * t * w..(b + 1) * t * w];
+        let r = b * t * dh..(b + 1) * t * dh;
+        let (cos, sin) = (&x.cos[r.clone()], &x.sin[r]);
+        let mut q = vec![0.0; t * dq];
+        rotate_rows(&mut q, rows, 0, dq, w, cos, sin, dh);
+        rotate_rows(&mut kc[len * dkv..], rows, dq, dkv, w, cos, sin, dh);
+        for (dst, src) in vc[len * dkv..].chunks_exact_mut(dkv).zip(rows.chunks_exact(w)) {
+            dst.copy_from_slice(&src[dq + dkv..]);
+        }
+        let bias = &x.bias[b * t * s..(b + 1) * t * s];
+        let (head_q, keys, scores) = (View::rows(t, dh, dq), View::rows(s, dh, dkv), View::rows(t, s, s));
+        let (kc, vc) = (&mut kc[..s * dkv], &mut vc[..s * dkv]);
+        let mut p = vec![0.0; t * s];
+        for h in 0..heads {
+            let (cq, ck) = (h * dh, (h / group) * dh);
+            matmul(&mut p, scores, false, &q[cq..], head_q, &kc[ck..], keys.t());
+            softmax_biased_rows(&mut p, bias, s);
+            matmul(&mut o[cq..], head_q, false, &p, scores, &vc[ck..], keys);
+        }
+    });
+    cache.len = s;
+    out
+}
+
+simd_fn! {
+    /// Scores → probabilities over rows of `s` keys, adding the bias (a row that sees no key
+    /// gets zeros, not NaN).
+    fn softmax_biased_rows(p: &mut [f32], bias: &[f32], s: usize) {
+        for (row, b) in p.chunks_exact_mut(s).zip(bias.chunks_exact(s)) {
+            for (x, b) in row.iter_mut().zip(b) {
+                *x += b;
+            }
+            let m = max(row);
+            if m == f32::NEG_INFINITY {
+                row.fill(0.0);
+                continue;
+            }
+            let inv = 1.0 / exp_shifted(row, m);
+            for x in row.iter_mut() {
+                *x *= inv;
+            }
+        }
+    }
+}

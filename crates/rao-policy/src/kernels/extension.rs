@@ -10,7 +10,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, Backend, Flex, Shape, TensorData, TensorMetadata, backend_extension};
+use burn::backend::{Autodiff, Backend, DType, Flex, Shape, TensorData, TensorMetadata, backend_extension};
 
 use super::attention::{self, Dims};
 use super::gemm::{View, product};
@@ -41,6 +41,27 @@ pub trait FusedOps: Backend {
 /// A contiguous f32 view (copies only a strided or offset tensor).
 fn contiguous(t: FlexTensor) -> FlexTensor {
     if t.as_slice::<f32>().is_some() { t } else { t.to_contiguous() }
+}
+
+/// A 2-D f32 tensor as a strided matrix over its storage, when its strides are non-negative.
+fn matrix(t: &FlexTensor) -> Option<(&[f32], View)> {
+    let layout = t.layout();
+    let (rows, cols, rs, cs) = layout.as_2d_strides()?;
+    if t.dtype() != DType::F32 || rs < 0 || cs < 0 {
+        return None;
+    }
+    Some((&t.storage::<f32>()[layout.start_offset()..], View { rows, cols, rs: rs as usize, cs: cs as usize }))
+}
+
+/// A tensor gemm reads as it is: a transposed or strided matrix (a tied embedding read as the
+/// output layer, `Eᵀ`: 25 MB copied per decoded token for a 16k × 384 table) goes to gemm with
+/// its strides; anything else is made contiguous.
+fn gemm_operand(t: FlexTensor) -> FlexTensor {
+    if matrix(&t).is_some() { t } else { t.to_contiguous() }
+}
+
+fn matrix_of(t: &FlexTensor) -> (&[f32], View) {
+    matrix(t).expect("gemm operands are strided f32 matrices (gemm_operand)")
 }
 
 fn values(t: &FlexTensor) -> &[f32] {
@@ -99,9 +120,9 @@ impl FusedOps for Flex {
     }
 
     fn linear(x: FlexTensor, w: FlexTensor) -> FlexTensor {
-        let (x, w) = (contiguous(x), contiguous(w));
-        let ([n, d], [_, f]) = (x.shape().dims::<2>(), w.shape().dims::<2>());
-        tensor(product(values(&x), View::rows(n, d, d), values(&w), View::rows(d, f, f)), Shape::from(vec![n, f]))
+        let (x, w) = (gemm_operand(x), gemm_operand(w));
+        let ((xs, xv), (ws, wv)) = (matrix_of(&x), matrix_of(&w));
+        tensor(product(xs, xv, ws, wv), Shape::from(vec![xv.rows, wv.cols]))
     }
 
     fn token_logprobs(logits: FlexTensor, mask: FlexTensor, targets: Vec<usize>, scale: f32) -> FlexTensor {
@@ -221,21 +242,22 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<Flex, C> {
             fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
                 let (x, w) = &*ops.state.0;
                 let g = contiguous(grads.consume::<Flex>(&ops.node));
-                let ([n, d], [_, f]) = (x.shape().dims::<2>(), w.shape().dims::<2>());
+                let ((xs, xv), (ws, wv)) = (matrix_of(x), matrix_of(w));
+                let gv = View::rows(xv.rows, wv.cols, wv.cols);
                 let [px, pw] = ops.parents;
                 if let Some(node) = px {
                     // dx = g·wᵀ
-                    let dx = product(values(&g), View::rows(n, f, f), values(w), View::rows(d, f, f).t());
+                    let dx = product(values(&g), gv, ws, wv.t());
                     grads.register::<Flex>(node.id, tensor(dx, x.shape()));
                 }
                 if let Some(node) = pw {
                     // dw = xᵀ·g
-                    let dw = product(values(x), View::rows(n, d, d).t(), values(&g), View::rows(n, f, f));
+                    let dw = product(xs, xv.t(), values(&g), gv);
                     grads.register::<Flex>(node.id, tensor(dw, w.shape()));
                 }
             }
         }
-        let (px, pw) = (contiguous(x.primitive().clone()), contiguous(w.primitive().clone()));
+        let (px, pw) = (gemm_operand(x.primitive().clone()), gemm_operand(w.primitive().clone()));
         let out = <Flex as FusedOps>::linear(px.clone(), pw.clone());
         match Linear.prepare::<C>([x.node(), w.node()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish(Saved(Arc::new((px, pw))), out),

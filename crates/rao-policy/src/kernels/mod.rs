@@ -22,6 +22,7 @@ use burn::nn::RmsNorm;
 use burn::tensor::activation::{log_softmax, silu, softmax};
 use burn::tensor::{Int, Tensor};
 
+pub use attention::KvRows;
 use extension::FusedOps;
 
 thread_local! {
@@ -39,7 +40,7 @@ pub fn enabled() -> bool {
 }
 
 /// Whether the fused kernels serve this tensor: f32 on the Flex backend, kernels enabled.
-fn fused<const D: usize>(t: &Tensor<D>) -> bool {
+pub(crate) fn fused<const D: usize>(t: &Tensor<D>) -> bool {
     enabled() && t.dtype() == DType::F32 && matches!(t.device().as_dispatch().clone().inner(), DispatchDevice::Flex(_))
 }
 
@@ -107,6 +108,29 @@ pub fn rope_attention(
         kv_heads,
     );
     Tensor::from_dispatch(out)
+}
+
+/// [`rope_attention`] while decoding on the CPU backend (callers check [`fused`]): rows of `T` new
+/// positions per sequence (`qkv: [B·T, Dq + 2·Dkv]`) attend to the positions in `cache` and to
+/// themselves, with `bias: [B, 1, T, len + T]`; their rotated keys and values are appended to
+/// `cache`. Inference only. Returns `[B·T, Dq]`.
+pub fn cached_rope_attention(
+    qkv: Tensor<2>,
+    (cos, sin): (&Tensor<2>, &Tensor<2>),
+    bias: &Tensor<4>,
+    batch: usize,
+    (heads, kv_heads): (usize, usize),
+    cache: &mut KvRows,
+) -> Tensor<2> {
+    let device = qkv.device();
+    let [n, width] = qkv.dims();
+    let dh = cos.dims()[1];
+    let dims = attention::Dims { batch, t: n / batch, heads, kv_heads, dh };
+    assert_eq!(width, dims.width(), "qkv must be [B·T, Dq + 2·Dkv]");
+    let host = |t: burn::tensor::TensorData| t.try_into_vec::<f32>().expect("the fused kernels read f32 tensors");
+    let (qkv, cos, sin, bias) = (host(qkv.into_data()), host(cos.to_data()), host(sin.to_data()), host(bias.to_data()));
+    let out = attention::cached_forward(&attention::Inputs { qkv: &qkv, cos: &cos, sin: &sin, bias: &bias }, dims, cache);
+    Tensor::from_data(burn::tensor::TensorData::new(out, [n, dims.dq()]), &device)
 }
 
 /// Rotary positions with Burn's ops on rows of heads `x: [N, H·Dh]`: `x·cos + rot(x)·sin` with

@@ -1,15 +1,17 @@
 //! Throughput of a Hugging Face checkpoint on one backend: generation with the KV cache (sampling
-//! at temperature 1 over the whole vocabulary) at each batch size asked for, and a LoRA update
-//! step (CISPO through `train_step`). One JSON object per line on stdout, so scripts/gpu-check
-//! can put them next to PyTorch's (benches/scripts/gpu_torch.py).
+//! at temperature 1 over the whole vocabulary) at each batch size asked for, and update steps
+//! (CISPO through `train_step`) of full fine-tuning and of LoRA. One JSON object per line on
+//! stdout, so scripts/gpu-check and benches/scripts/hf_vs_transformers.sh can put them next to
+//! PyTorch's (benches/scripts/hf_torch.py).
 //!
 //! Every measurement runs once untimed first (kernel compilation and autotuning happen there),
 //! then timed; each timed call ends with results read back to the host, which waits for the
 //! device. A measurement that fails prints an `error` line and the others still run.
 //!
 //! ```text
-//! gpu_bench MODEL_DIR [--backend wgpu|cpu] [--prompt 64] [--new 128] [--batches 1,64]
-//!           [--train-batch 8] [--train-steps 3] [--greedy-batch 64]
+//! hf_bench MODEL_DIR [--backend wgpu|cpu] [--prompt 64] [--new 128] [--batches 1,64]
+//!           [--train-batch 8] [--train-steps 3] [--greedy-batch 64] [--updates lora|full,lora|none]
+//!           [--lora-rank 16]
 //! ```
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -33,9 +35,18 @@ struct Args {
     train_steps: usize,
     /// A batch size to also decode greedily (the host's sampling left out), or none.
     greedy_batch: Option<usize>,
+    /// Which update steps to measure, in this order (full fine-tuning first: LoRA freezes the base).
+    updates: Vec<Update>,
+    lora_rank: usize,
 }
 
-const USAGE: &str = "usage: gpu_bench MODEL_DIR [--backend wgpu|cpu] [--prompt N] [--new N] [--batches N,N,..] [--train-batch N] [--train-steps N] [--greedy-batch N|none]";
+#[derive(Clone, Copy, PartialEq)]
+enum Update {
+    Full,
+    Lora,
+}
+
+const USAGE: &str = "usage: hf_bench MODEL_DIR [--backend wgpu|cpu] [--prompt N] [--new N] [--batches N,N,..] [--train-batch N] [--train-steps N] [--greedy-batch N|none] [--updates full,lora|lora|none] [--lora-rank N]";
 
 fn parse_args() -> anyhow::Result<Args> {
     let mut it = std::env::args().skip(1);
@@ -48,6 +59,8 @@ fn parse_args() -> anyhow::Result<Args> {
         train_batch: 8,
         train_steps: 3,
         greedy_batch: Some(64),
+        updates: vec![Update::Lora],
+        lora_rank: 16,
     };
     let mut model = None;
     while let Some(a) = it.next() {
@@ -63,7 +76,19 @@ fn parse_args() -> anyhow::Result<Args> {
             }
             "--prompt" => args.prompt = number(value()?)?,
             "--new" => args.new_tokens = number(value()?)?,
-            "--batches" => args.batches = value()?.split(',').map(|s| number(s.to_string())).collect::<anyhow::Result<_>>()?,
+            "--batches" => {
+                let v = value()?;
+                args.batches = if v == "none" { vec![] } else { v.split(',').map(|s| number(s.to_string())).collect::<anyhow::Result<_>>()? };
+            }
+            "--updates" => {
+                let v = value()?;
+                args.updates = if v == "none" { vec![] } else { v.split(',').map(update_kind).collect::<anyhow::Result<_>>()? };
+                anyhow::ensure!(
+                    !args.updates.windows(2).any(|w| w[0] == Update::Lora && w[1] == Update::Full),
+                    "--updates: `full` must come before `lora` (adapters freeze the base for good)"
+                );
+            }
+            "--lora-rank" => args.lora_rank = number(value()?)?,
             "--train-batch" => args.train_batch = number(value()?)?,
             "--train-steps" => args.train_steps = number(value()?)?,
             "--greedy-batch" => {
@@ -77,7 +102,16 @@ fn parse_args() -> anyhow::Result<Args> {
     args.model = model.ok_or_else(|| anyhow::anyhow!("no model directory given\n{USAGE}"))?;
     anyhow::ensure!(args.prompt >= 1 && args.new_tokens >= 2, "--prompt must be ≥ 1 and --new ≥ 2");
     anyhow::ensure!(args.train_batch >= 1 && args.train_steps >= 1, "--train-batch and --train-steps must be ≥ 1");
+    anyhow::ensure!(args.lora_rank >= 1, "--lora-rank must be ≥ 1");
     Ok(args)
+}
+
+fn update_kind(s: &str) -> anyhow::Result<Update> {
+    match s {
+        "full" => Ok(Update::Full),
+        "lora" => Ok(Update::Lora),
+        other => anyhow::bail!("--updates: `{other}` is neither full nor lora"),
+    }
 }
 
 /// Prompts of random token ids (none of them a stop token, so no row ends before it starts).
@@ -157,12 +191,17 @@ fn training_batch(args: &Args, vocab: usize, stop: &[Tok]) -> Vec<Sequence> {
         .collect()
 }
 
-/// LoRA (rank 16 on every projection) update steps: one untimed, then `train_steps` timed.
-fn lora_step(policy: &mut Policy, args: &Args, backend: &str) -> serde_json::Value {
+/// Update steps of full fine-tuning, or of LoRA adapters (rank `--lora-rank`, alpha twice that,
+/// on every projection) added first: one untimed, then `train_steps` timed. Also reports the size
+/// of the checkpoint the policy writes afterwards (trained parameters + optimiser state).
+fn update_step(policy: &mut Policy, args: &Args, update: Update, backend: &str) -> serde_json::Value {
     let t0 = Instant::now();
-    policy
-        .add_lora(LoraConfig { rank: 16, alpha: 32.0, targets: LoraTarget::ALL.to_vec(), dropout: 0.0 }, 5)
-        .expect("LoRA settings are valid");
+    if update == Update::Lora {
+        let rank = args.lora_rank;
+        policy
+            .add_lora(LoraConfig { rank, alpha: 2.0 * rank as f64, targets: LoraTarget::ALL.to_vec(), dropout: 0.0 }, 5)
+            .expect("LoRA settings are valid");
+    }
     let add_lora_s = t0.elapsed().as_secs_f64();
     let seqs = training_batch(args, policy.cfg.vocab, &policy.stop_tokens);
     let grammar = AnyToken(policy.cfg.vocab);
@@ -181,12 +220,15 @@ fn lora_step(policy: &mut Policy, args: &Args, backend: &str) -> serde_json::Val
     let seconds = t0.elapsed().as_secs_f64();
     // Positions the forward and backward passes run over (the last token is only a target).
     let positions = seqs.iter().map(|s| s.tokens.len() - 1).sum::<usize>() * args.train_steps;
+    let checkpoint = policy.checkpoint();
+    let trainable: usize = checkpoint.meta.param_sizes.iter().sum();
     json!({
-        "measure": "lora_step", "backend": backend, "batch": args.train_batch, "prompt": args.prompt,
-        "new_tokens": args.new_tokens, "steps": args.train_steps, "trained_tokens": trained, "positions": positions,
-        "seconds": seconds, "seconds_per_step": seconds / args.train_steps as f64,
+        "measure": if update == Update::Lora { "lora_step" } else { "full_step" }, "backend": backend,
+        "batch": args.train_batch, "prompt": args.prompt, "new_tokens": args.new_tokens, "steps": args.train_steps,
+        "trained_tokens": trained, "positions": positions, "seconds": seconds, "seconds_per_step": seconds / args.train_steps as f64,
         "tokens_per_s": trained as f64 / seconds, "positions_per_s": positions as f64 / seconds,
-        "warmup_s": warmup_s, "add_lora_s": add_lora_s, "losses": losses,
+        "warmup_s": warmup_s, "add_lora_s": add_lora_s, "losses": losses, "lora_rank": (update == Update::Lora).then_some(args.lora_rank),
+        "trainable_parameters": trainable, "checkpoint_param_bytes": checkpoint.params.len(), "checkpoint_optimizer_bytes": checkpoint.optim.len(),
     })
 }
 
@@ -210,7 +252,9 @@ fn main() -> anyhow::Result<()> {
     if let Some(batch) = args.greedy_batch {
         measure("generate_greedy", || generate(&policy, &args, batch, 0.0, backend));
     }
-    // Last: adding adapters changes the policy for good.
-    measure("lora_step", || lora_step(&mut policy, &args, backend));
+    for &update in &args.updates {
+        let name = if update == Update::Lora { "lora_step" } else { "full_step" };
+        measure(name, || update_step(&mut policy, &args, update, backend));
+    }
     Ok(())
 }

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""PyTorch + transformers side of scripts/gpu-check, and the table that puts rao next to it.
+"""PyTorch + transformers side of scripts/gpu-check and benches/scripts/hf_vs_transformers.sh,
+and the table that puts rao next to it.
 
-  gpu_torch.py make DIR --shape qwen3-0.6b|tiny     a Qwen3 of that shape, random weights
-  gpu_torch.py bench DIR [--dtypes bf16,f32] ...    the measurements of rao's gpu_bench example
-  gpu_torch.py table RAO.jsonl TORCH.jsonl          one table, rao next to PyTorch
+  hf_torch.py make DIR --shape SHAPE               a model of that shape (SHAPES), random weights
+  hf_torch.py bench DIR [--dtypes bf16,f32] ...    the measurements of rao's hf_bench example
+  hf_torch.py table DIR RAO.jsonl TORCH.jsonl      one table, rao next to PyTorch
 
-The measurements match crates/rao-policy/examples/gpu_bench.rs: generation with the KV cache
+The measurements match crates/rao-policy/examples/hf_bench.rs: generation with the KV cache
 (sampling at temperature 1 over the whole vocabulary, every row the same number of new tokens)
-at each batch size, greedy generation at one batch size, and a LoRA update step (rank 16,
-alpha 32, on q/k/v/o/gate/up/down, CISPO loss on the completion tokens, AdamW, global gradient
-clipping at 1). Each runs once untimed, then timed, with the device synchronised before the clock
-stops. bf16 means weights, activations and adapters in bf16 (log-probs taken in f32 from bf16
-logits); f32 means f32 throughout with TF32 off (PyTorch's default for matmul). Also measured: the
-matmul peak of each dtype (mean of 10 n×n×n products after 3 warm-ups).
+at each batch size, greedy generation at one batch size, and update steps — full fine-tuning
+and LoRA (rank 16 unless --lora-rank, alpha twice the rank, on q/k/v/o/gate/up/down) — with the
+CISPO loss on the completion tokens, AdamW and global gradient clipping at 1. Each runs once
+untimed, then timed, with the device synchronised before the clock stops. bf16 means weights,
+activations and adapters in bf16 (log-probs taken in f32 from bf16 logits); f32 means f32
+throughout with TF32 off (PyTorch's default for matmul). Also measured: the matmul peak of each
+dtype (mean of 10 n×n×n products after 3 warm-ups).
 """
 import argparse
 import json
@@ -27,6 +29,21 @@ SHAPES = {
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1000000.0,
                        max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=True,
                        bos_token_id=151643, eos_token_id=151645),
+    # ~19M parameters, for the CPU benchmark (benches/scripts/hf_vs_transformers.sh).
+    "qwen3-20m": dict(vocab_size=16384, hidden_size=384, intermediate_size=1024, num_hidden_layers=8,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=64, rope_theta=1000000.0,
+                      max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                      bos_token_id=1, eos_token_id=2),
+    # SmolLM2-135M's published config (a Llama).
+    "smollm2-135m": dict(family="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, rope_theta=100000.0,
+                         max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                         bos_token_id=0, eos_token_id=0),
+    # Qwen2.5-0.5B's published config (q/k/v biases), for the size of a LoRA checkpoint on a 0.5B base.
+    "qwen2.5-0.5b": dict(family="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, rope_theta=1000000.0,
+                         max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                         bos_token_id=151643, eos_token_id=151643),
     # For scripts/wgpu-check and testing scripts/gpu-check without a GPU.
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, rope_theta=1000000.0, max_position_embeddings=1024,
@@ -50,19 +67,21 @@ def make(out, shape):
     """A Qwen3 with transformers' own random initialisation (the tiny one rescaled so logits differ
     by units, which makes the backends' comparison in scripts/wgpu-check meaningful)."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    import transformers
     torch.manual_seed(0)
-    cfg = Qwen3Config(**SHAPES[shape])
+    settings = dict(SHAPES[shape])
+    family = {"qwen3": "Qwen3", "qwen2": "Qwen2", "llama": "Llama"}[settings.pop("family", "qwen3")]
+    cfg = getattr(transformers, family + "Config")(**settings)
     with torch.device(device()):
-        model = Qwen3ForCausalLM(cfg)
+        model = getattr(transformers, family + "ForCausalLM")(cfg)
     if shape == "tiny":
         g = torch.Generator(device=model.device).manual_seed(1)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 noise = torch.randn(p.shape, generator=g, device=p.device)
                 p.copy_(1 + 0.2 * noise if name.endswith("norm.weight") else noise if "embed_tokens" in name else noise / p.shape[-1] ** 0.5)
-    # bf16 on disk for the big one (as published); rao reads it into f32.
-    model = model.to(torch.bfloat16 if shape != "tiny" else torch.float32)
+    # bf16 on disk for the big ones (as published); rao reads it into f32.
+    model = model.to(torch.bfloat16 if shape in ("qwen3-0.6b", "qwen2.5-0.5b") else torch.float32)
     model.save_pretrained(out)
     print(json.dumps({"made": out, "shape": shape, "parameters": sum(p.numel() for p in model.parameters())}))
 
@@ -99,11 +118,14 @@ def generate(model, args, batch, sample, eos):
             "new_tokens": args.new, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "warmup_s": warm}
 
 
-def lora_step(model, args, eos):
+def update_step(model, args, eos, lora):
+    """Update steps of full fine-tuning, or of LoRA adapters added to `model` first."""
     import torch
-    from peft import LoraConfig, get_peft_model
     vocab = model.config.vocab_size
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS))
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, lora_dropout=0.0,
+                                                 target_modules=TARGETS))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0)
     ids = prompts(args.train_batch, args.prompt + args.new, vocab, eos, 3).to(model.device)
     inputs, targets = ids[:, :-1], ids[:, 1:]
@@ -132,7 +154,7 @@ def lora_step(model, args, eos):
     seconds = time.perf_counter() - t0
     trained = int(mask.sum().item()) * args.train_steps
     positions = inputs.numel() * args.train_steps
-    return {"measure": "lora_step", "batch": args.train_batch, "prompt": args.prompt, "new_tokens": args.new,
+    return {"measure": "lora_step" if lora else "full_step", "batch": args.train_batch, "prompt": args.prompt, "new_tokens": args.new,
             "steps": args.train_steps, "trained_tokens": trained, "positions": positions, "seconds": seconds,
             "seconds_per_step": seconds / args.train_steps, "tokens_per_s": trained / seconds,
             "positions_per_s": positions / seconds, "warmup_s": warm, "losses": losses}
@@ -166,6 +188,8 @@ def bench(args):
     import torch
     from transformers import AutoModelForCausalLM
     torch.backends.cuda.matmul.allow_tf32 = False
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32}
     with open(os.path.join(args.model, "config.json")) as f:
         eos = json.load(f)["eos_token_id"]
@@ -181,7 +205,14 @@ def bench(args):
             emit({"dtype": name, **generate(model, args, batch, True, eos)}, args.out)
         if args.greedy_batch != "none":
             emit({"dtype": name, **generate(model, args, int(args.greedy_batch), False, eos)}, args.out)
-        emit({"dtype": name, **lora_step(model.train(), args, eos)}, args.out)
+        for update in [u for u in args.updates.split(",") if u != "none"]:
+            if update == "full":
+                # A fresh copy: the LoRA step after it starts from the same weights as rao's.
+                full = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtypes[name]).to(dev).train()
+                emit({"dtype": name, **update_step(full, args, eos, lora=False)}, args.out)
+                del full
+            else:
+                emit({"dtype": name, **update_step(model.train(), args, eos, lora=True)}, args.out)
         del model
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -207,9 +238,12 @@ def lora_parameters(cfg, rank=16):
 
 def flops(rec, n, n_lora):
     """FLOPs of one measurement. Generation: 2·N per token position processed (prompt and new
-    tokens of every row). LoRA step: forward 2·N, backward through the frozen weights 2·N (input
-    gradients only: the base gets no weight gradient), adapters 6·N_lora, per position. Attention
-    scores and the element-wise work are left out."""
+    tokens of every row). Full step: forward 2·N, backward 4·N (input and weight gradients) per
+    position. LoRA step: forward 2·N, backward through the frozen weights 2·N (input gradients
+    only: the base gets no weight gradient), adapters 6·N_lora, per position. Attention scores
+    and the element-wise work are left out."""
+    if rec["measure"] == "full_step":
+        return 6 * n * rec["positions"]
     if rec["measure"] == "lora_step":
         return (4 * n + 6 * n_lora) * rec["positions"]
     return 2 * n * rec["batch"] * (rec["prompt"] + rec["new_tokens"])
@@ -220,33 +254,47 @@ def table(args):
     rao, torch_recs = load(args.rao), load(args.torch)
     with open(os.path.join(args.model, "config.json")) as f:
         cfg = json.load(f)
-    n, n_lora = matmul_parameters(cfg), lora_parameters(cfg)
-    peaks = {r["dtype"]: r["flops_per_s"] for r in torch_recs if r.get("measure") == "peak"}
-    bf16_peak = peaks.get("bf16")
-    key = lambda r: (r.get("measure"), r.get("batch"))
-    rows = [r for r in rao if r.get("measure") in ("generate", "generate_greedy", "lora_step") and "error" not in r]
-    errors = [r for r in rao if "error" in r]
     label = {"generate": "generate (sampled), batch {b}", "generate_greedy": "generate (greedy), batch {b}",
-             "lora_step": "LoRA update step, batch {b}"}
+             "full_step": "full update step, batch {b}", "lora_step": "LoRA update step, batch {b}"}
+    rank = next((r["lora_rank"] for r in rao if r.get("measure") == "lora_step" and r.get("lora_rank")), 16)
+    n, n_lora = matmul_parameters(cfg), lora_parameters(cfg, rank)
+    peaks = {r["dtype"]: r["flops_per_s"] for r in torch_recs if r.get("measure") == "peak"}
+    # The GPU's bf16 peak is the one that matters there; the CPU's is f32 (rao computes in f32).
+    peak_dtype = "bf16" if "bf16" in peaks else "f32"
+    peak = peaks.get(peak_dtype)
+    dtypes = [d for d in ("bf16", "f32") if any(t.get("dtype") == d and t.get("measure") in label for t in torch_recs)]
+    backend = next((r["backend"] for r in rao if "backend" in r), "?")
+    key = lambda r: (r.get("measure"), r.get("batch"))
+    rows = [r for r in rao if r.get("measure") in label and "error" not in r]
+    errors = [r for r in rao if "error" in r]
     fmt = lambda x: "—" if x is None else f"{x:,.0f}"
-    ratio = lambda a, b: "—" if a is None or b is None else f"{a / b:.2f}"
-    frac = lambda r: "—" if r is None or not bf16_peak else f"{flops(r, n, n_lora) / r['seconds'] / bf16_peak:.4f}"
-    out = [f"matmul parameters N = {n:,}, LoRA parameters = {n_lora:,}; peaks: "
-           + ", ".join(f"{d} {p / 1e12:.4g} TFLOP/s" for d, p in peaks.items()),
-           "", "| measurement | shape | rao wgpu tok/s | torch bf16 tok/s | torch f32 tok/s | rao ÷ bf16 | rao ÷ f32 | "
-           "fraction of bf16 peak: rao / bf16 / f32 |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    ratio = lambda a, b: "—" if a is None or b is None else f"{a / b:.2f}×"
+    frac = lambda r: "—" if r is None or not peak else f"{flops(r, n, n_lora) / r['seconds'] / peak:.0%}"
+    tps = lambda x: None if x is None else x["tokens_per_s"]
+    out = [f"matmul parameters N = {n:,}, LoRA parameters (rank {rank}) = {n_lora:,}; measured matmul peaks: "
+           + ", ".join(f"{d} {p / 1e9:,.0f} GFLOP/s" for d, p in peaks.items()), "",
+           "| measurement | shape | rao " + backend + " tok/s | " + " | ".join(f"torch {d} tok/s" for d in dtypes) + " | "
+           + " | ".join(f"rao ÷ torch {d}" for d in dtypes) + f" | fraction of the {peak_dtype} peak: rao / "
+           + " / ".join(f"torch {d}" for d in dtypes) + " |",
+           "|---|---|" + "---:|" * (1 + 2 * len(dtypes)) + "---|"]
     keys = []
     for r in rows + [t for t in torch_recs if t.get("measure") in label]:
         if key(r) not in keys:
             keys.append(key(r))
     for k in keys:
         r = next((x for x in rows if key(x) == k), None)
-        t = {d: next((x for x in torch_recs if key(x) == k and x.get("dtype") == d and "error" not in x), None) for d in ("bf16", "f32")}
-        any_rec = r or t["bf16"] or t["f32"]
+        t = {d: next((x for x in torch_recs if key(x) == k and x.get("dtype") == d and "error" not in x), None) for d in dtypes}
+        any_rec = r or next(x for x in t.values() if x)
         shape = f"{any_rec['prompt']} prompt + {any_rec['new_tokens']} new tokens"
-        tps = lambda x: None if x is None else x["tokens_per_s"]
-        out.append(f"| {label[k[0]].format(b=k[1])} | {shape} | {fmt(tps(r))} | {fmt(tps(t['bf16']))} | {fmt(tps(t['f32']))} | "
-                   f"{ratio(tps(r), tps(t['bf16']))} | {ratio(tps(r), tps(t['f32']))} | {frac(r)} / {frac(t['bf16'])} / {frac(t['f32'])} |")
+        out.append(f"| {label[k[0]].format(b=k[1])} | {shape} | {fmt(tps(r))} | "
+                   + " | ".join(fmt(tps(t[d])) for d in dtypes) + " | "
+                   + " | ".join(ratio(tps(r), tps(t[d])) for d in dtypes) + f" | {frac(r)} / "
+                   + " / ".join(frac(t[d]) for d in dtypes) + " |")
+    for r in rows:
+        if r["measure"] in ("full_step", "lora_step") and "checkpoint_param_bytes" in r:
+            out.append(f"\nrao's checkpoint after the {label[r['measure']].split(',')[0]}: {r['trainable_parameters']:,} trained "
+                       f"parameters, {r['checkpoint_param_bytes'] / 1e6:,.1f} MB of them + {r['checkpoint_optimizer_bytes'] / 1e6:,.1f} MB "
+                       "of optimiser state")
     for e in errors:
         out.append(f"\nrao {e['measure']} failed: {e['error']}")
     text = "\n".join(out)
@@ -271,6 +319,9 @@ def main():
     b.add_argument("--greedy-batch", default="64")
     b.add_argument("--train-batch", type=int, default=8)
     b.add_argument("--train-steps", type=int, default=3)
+    b.add_argument("--updates", default="lora", help="update steps to measure: full,lora | lora | none")
+    b.add_argument("--lora-rank", type=int, default=16)
+    b.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     b.add_argument("--peak-n", type=int, default=8192)
     b.add_argument("--out", help="also append each record to this file")
     t = sub.add_parser("table")
