@@ -78,7 +78,8 @@ fn parse_args() -> anyhow::Result<Args> {
             "--new" => args.new_tokens = number(value()?)?,
             "--batches" => {
                 let v = value()?;
-                args.batches = if v == "none" { vec![] } else { v.split(',').map(|s| number(s.to_string())).collect::<anyhow::Result<_>>()? };
+                args.batches =
+                    if v == "none" { vec![] } else { v.split(',').map(|s| number(s.to_string())).collect::<anyhow::Result<_>>()? };
             }
             "--updates" => {
                 let v = value()?;

@@ -201,7 +201,8 @@ pub struct KvCache {
 /// One layer's cached keys and values: tensors `[B, H_kv, S, Dh]` on any backend, or host rows
 /// for the fused CPU kernel.
 pub enum LayerKv {
-    Tensors(Tensor<4>, Tensor<4>),
+    /// Keys and values (boxed: two tensors are large next to the host rows).
+    Tensors(Box<(Tensor<4>, Tensor<4>)>),
     Rows(kernels::KvRows),
 }
 
@@ -315,14 +316,15 @@ impl Block {
                 let heads = |y: Tensor<2>, hs: usize| y.reshape([b, t, hs, dh]).swap_dims(1, 2);
                 let (q, mut k, mut v) = (heads(kernels::rope(q, rope), h), heads(kernels::rope(k, rope), kvh), heads(v, kvh));
                 match slot.take() {
-                    Some(LayerKv::Tensors(pk, pv)) => {
+                    Some(LayerKv::Tensors(prev)) => {
+                        let (pk, pv) = *prev;
                         k = Tensor::cat(vec![pk, k], 2);
                         v = Tensor::cat(vec![pv, v], 2);
                     }
                     Some(LayerKv::Rows(_)) => panic!("a KV cache filled by the fused kernel"),
                     None => {}
                 }
-                *slot = Some(LayerKv::Tensors(k.clone(), v.clone()));
+                *slot = Some(LayerKv::Tensors(Box::new((k.clone(), v.clone()))));
                 let (k, v) = (kernels::repeat_kv(k, h / kvh), kernels::repeat_kv(v, h / kvh));
                 let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
                 softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([n, h * dh])

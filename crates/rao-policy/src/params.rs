@@ -1,9 +1,9 @@
 //! Parameters as flat f32 vectors in a fixed (visit) order: the checkpoint format and what the
 //! optimiser works on. Bit-exact and independent of Burn's random parameter ids.
 
-use rayon::prelude::*;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{Tensor, TensorData};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::model::Transformer;

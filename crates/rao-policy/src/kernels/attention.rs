@@ -255,27 +255,30 @@ pub fn cached_forward(x: &Inputs, dims: Dims, cache: &mut KvRows) -> Vec<f32> {
     let s = len + t;
     assert_eq!(x.bias.len(), batch * t * s, "bias must be [B, T, len + T]");
     let mut out = vec![0.0; batch * t * dq];
-    (out.par_chunks_mut(t * dq), cache.k.par_chunks_mut(cap * dkv), cache.v.par_chunks_mut(cap * dkv)).into_par_iter().enumerate().for_each(|(b, (o, kc, vc))| {
-        let rows = &x.qkv[b * t * w..(b + 1) * t * w];
-        let r = b * t * dh..(b + 1) * t * dh;
-        let (cos, sin) = (&x.cos[r.clone()], &x.sin[r]);
-        let mut q = vec![0.0; t * dq];
-        rotate_rows(&mut q, rows, 0, dq, w, cos, sin, dh);
-        rotate_rows(&mut kc[len * dkv..], rows, dq, dkv, w, cos, sin, dh);
-        for (dst, src) in vc[len * dkv..].chunks_exact_mut(dkv).zip(rows.chunks_exact(w)) {
-            dst.copy_from_slice(&src[dq + dkv..]);
-        }
-        let bias = &x.bias[b * t * s..(b + 1) * t * s];
-        let (head_q, keys, scores) = (View::rows(t, dh, dq), View::rows(s, dh, dkv), View::rows(t, s, s));
-        let (kc, vc) = (&mut kc[..s * dkv], &mut vc[..s * dkv]);
-        let mut p = vec![0.0; t * s];
-        for h in 0..heads {
-            let (cq, ck) = (h * dh, (h / group) * dh);
-            matmul(&mut p, scores, false, &q[cq..], head_q, &kc[ck..], keys.t());
-            softmax_biased_rows(&mut p, bias, s);
-            matmul(&mut o[cq..], head_q, false, &p, scores, &vc[ck..], keys);
-        }
-    });
+    (out.par_chunks_mut(t * dq), cache.k.par_chunks_mut(cap * dkv), cache.v.par_chunks_mut(cap * dkv))
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(b, (o, kc, vc))| {
+            let rows = &x.qkv[b * t * w..(b + 1) * t * w];
+            let r = b * t * dh..(b + 1) * t * dh;
+            let (cos, sin) = (&x.cos[r.clone()], &x.sin[r]);
+            let mut q = vec![0.0; t * dq];
+            rotate_rows(&mut q, rows, 0, dq, w, cos, sin, dh);
+            rotate_rows(&mut kc[len * dkv..], rows, dq, dkv, w, cos, sin, dh);
+            for (dst, src) in vc[len * dkv..].chunks_exact_mut(dkv).zip(rows.chunks_exact(w)) {
+                dst.copy_from_slice(&src[dq + dkv..]);
+            }
+            let bias = &x.bias[b * t * s..(b + 1) * t * s];
+            let (head_q, keys, scores) = (View::rows(t, dh, dq), View::rows(s, dh, dkv), View::rows(t, s, s));
+            let (kc, vc) = (&mut kc[..s * dkv], &mut vc[..s * dkv]);
+            let mut p = vec![0.0; t * s];
+            for h in 0..heads {
+                let (cq, ck) = (h * dh, (h / group) * dh);
+                matmul(&mut p, scores, false, &q[cq..], head_q, &kc[ck..], keys.t());
+                softmax_biased_rows(&mut p, bias, s);
+                matmul(&mut o[cq..], head_q, false, &p, scores, &vc[ck..], keys);
+            }
+        });
     cache.len = s;
     out
 }
