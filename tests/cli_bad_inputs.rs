@@ -126,3 +126,35 @@ fn every_bad_pipeline_is_rejected_at_its_place_without_panic_hang_or_unbounded_m
         .collect();
     assert!(failures.is_empty(), "{} of {} cases failed:\n\n{}", failures.len(), files.len(), failures.join("\n\n"));
 }
+
+#[test]
+fn validate_reports_every_structural_problem_with_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "\
+name: three-problems
+stages:
+  a:
+    kind: shell
+    retrys: 2
+    params: {command: \"echo a > ${outputs.o}/v\"}
+    outputs: [o]
+  l:
+    loop: {max_iterations: 2}
+    stages:
+      b: {kind: noop, timeout: banana}
+  c:
+    kind: shell
+    outptus: [o]
+";
+    std::fs::write(dir.path().join("p.yaml"), text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rao")).args(["validate", "p.yaml"]).current_dir(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for (place, words) in [("p.yaml:5:5", "unknown field `retrys`"), ("p.yaml:11:32", "banana"), ("p.yaml:14:5", "unknown field `outptus`")]
+    {
+        let at = err.find(&format!("--> {place}\n")).unwrap_or_else(|| panic!("no problem reported at {place}:\n{err}"));
+        let message = err[..at].rfind("error: ").map(|i| &err[i..at]).unwrap();
+        assert!(message.contains(words), "at {place} expected `{words}`, got `{message}`");
+    }
+    assert!(err.contains("3 problems in p.yaml"), "{err}");
+}

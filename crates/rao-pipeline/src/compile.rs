@@ -253,7 +253,7 @@ fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Re
 /// Like [`load`], from text (`label` names it in errors).
 pub fn compile_str(label: &str, text: &str, base_dir: &Path, overrides: &[String], registry: &Registry) -> Result<Compiled, Diagnostics> {
     let fail = |items: Vec<Diagnostic>| Diagnostics { file: label.to_string(), source: text.to_string(), items };
-    let mut spec: PipelineFile = crate::parse::parse(text).map_err(|d| fail(vec![d]))?;
+    let mut spec: PipelineFile = crate::parse::parse_all(text).map_err(fail)?;
     crate::overrides::apply(&mut spec, overrides).map_err(|d| fail(vec![d]))?;
     let mut diags = Vec::new();
     let lowered = crate::lower::lower(&spec, registry, &mut diags);

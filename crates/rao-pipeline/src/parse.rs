@@ -26,6 +26,92 @@ pub fn parse<T: DeserializeOwned>(text: &str) -> Result<T, Diagnostic> {
     serde_saphyr::from_str_with_options(text, options()).map_err(|e| diagnose(&e, text))
 }
 
+/// Most structural problems reported for one file.
+const MAX_REPORTED: usize = 20;
+
+/// Parse `text` as `T`, reporting every structural problem (misspelt keys, wrong types, YAML
+/// syntax) rather than only the first, which is where the parser stops: each problem found
+/// inside a stage entry (a key under some `stages:`) is recorded, that entry is replaced by an
+/// empty one of the same name — lines are kept, so later positions stay put — and the text is
+/// parsed again. A problem outside every stage entry ends the search.
+pub fn parse_all<T: DeserializeOwned>(text: &str) -> Result<T, Vec<Diagnostic>> {
+    let first = match parse::<T>(text) {
+        Ok(v) => return Ok(v),
+        Err(d) => d,
+    };
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let entries = stage_entries(&lines);
+    let mut found = vec![first];
+    while found.len() < MAX_REPORTED {
+        let line = found[found.len() - 1].pos.line as usize;
+        let Some(&(start, end)) = entries.iter().filter(|(s, e)| (*s..=*e).contains(&line)).min_by_key(|(s, e)| e - s) else {
+            break;
+        };
+        if !empty_entry(&mut lines, start, end) {
+            break;
+        }
+        match parse::<T>(&lines.join("\n")) {
+            // Only a problem further down is news (one at or above came from the replacement).
+            Err(d) if d.pos.line as usize > line => found.push(d),
+            _ => break,
+        }
+    }
+    Err(found)
+}
+
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start_matches(' ').len()
+}
+
+fn is_content(line: &str) -> bool {
+    let t = line.trim_start();
+    !t.is_empty() && !t.starts_with('#')
+}
+
+/// Line ranges (1-based, inclusive) of the entries of every block-style `stages:` mapping, nested
+/// ones (loop bodies) included.
+fn stage_entries(lines: &[String]) -> Vec<(usize, usize)> {
+    let mut entries = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let head = line.trim_start();
+        if !(head == "stages:" || head.starts_with("stages: #") || head.starts_with("stages:\t#")) {
+            continue;
+        }
+        let outer = indent(line);
+        let body: Vec<usize> = (i + 1..lines.len()).filter(|&k| is_content(&lines[k])).take_while(|&k| indent(&lines[k]) > outer).collect();
+        let Some(&first) = body.first() else { continue };
+        let inner = indent(&lines[first]);
+        let starts: Vec<usize> =
+            body.iter().copied().filter(|&k| indent(&lines[k]) == inner && !lines[k].trim_start().starts_with('-')).collect();
+        for (n, &s) in starts.iter().enumerate() {
+            // An entry runs to the line before the next entry, or to the end of the block.
+            let end = match starts.get(n + 1) {
+                Some(&next) => next - 1,
+                None => *body.last().unwrap_or(&s),
+            };
+            entries.push((s + 1, end + 1));
+        }
+    }
+    entries
+}
+
+/// Replace the entry on lines `start..=end` (1-based) by `NAME: {}` and blank lines.
+fn empty_entry(lines: &mut [String], start: usize, end: usize) -> bool {
+    let line = &lines[start - 1];
+    let pad = indent(line);
+    let Some(colon) =
+        line.char_indices().skip(pad).find(|&(i, c)| c == ':' && line[i + 1..].chars().next().is_none_or(|n| n == ' ')).map(|(i, _)| i)
+    else {
+        return false;
+    };
+    let replacement = format!("{}: {{}}", &line[..colon]);
+    lines[start - 1] = replacement;
+    for l in &mut lines[start..end] {
+        l.clear();
+    }
+    true
+}
+
 /// Turn a YAML/serde error into a diagnostic with a suggestion where one helps.
 fn diagnose(e: &serde_saphyr::Error, text: &str) -> Diagnostic {
     let mut pos = e.location().map(|l| Pos { line: l.line(), column: l.column() }).unwrap_or(Pos::NONE);
@@ -149,6 +235,13 @@ fn unclosed_quote(text: &str, at: Pos) -> Option<Pos> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stage_entries_cover_block_and_nested_stages() {
+        let text = "name: x\nstages:\n  a: {kind: noop}\n  l:\n    loop: {max_iterations: 2}\n    stages:\n      b:\n        kind: noop\n\n      c: {kind: noop}\n  d:\n    kind: noop\n";
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        assert_eq!(stage_entries(&lines), vec![(3, 3), (4, 10), (11, 12), (7, 9), (10, 10)]);
+    }
 
     #[test]
     fn an_unclosed_quote_is_found_where_it_opens() {
