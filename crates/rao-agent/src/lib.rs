@@ -7,4 +7,4 @@ pub mod runtime;
 
 pub use batcher::Batcher;
 pub use policy::{Policy, Request, Response, ScriptedExpert, ScriptedPolicy, UniformRandom};
-pub use runtime::{Limits, RunMeta, TreeSpec, run_trees};
+pub use runtime::{Limits, RunMeta, TreeDone, TreeSpec, run_trees, run_trees_observed};

@@ -96,6 +96,28 @@ fn request_seed(tree_seed: u64, path: &[u32], step: u32) -> u64 {
 /// Run many trees at once through one batcher. Returns each tree's nodes, ids in breadth-first
 /// order of their paths, scored by the environment's verifier.
 pub async fn run_trees(batcher: &Batcher, trees: Vec<TreeSpec>, limits: Limits, meta: RunMeta) -> Vec<Vec<NodeRecord>> {
+    run_trees_observed(batcher, trees, limits, meta, &|_| {}).await
+}
+
+/// A tree that has just finished, as `run_trees_observed` reports it.
+#[derive(Debug, Clone, Copy)]
+pub struct TreeDone {
+    /// Trees of this call finished so far (this one included).
+    pub finished: usize,
+    pub total: usize,
+    /// The root's score (1 = the task solved).
+    pub root_score: f64,
+}
+
+/// `run_trees`, telling `on_tree` of each tree as it finishes (in the order they finish).
+pub async fn run_trees_observed(
+    batcher: &Batcher,
+    trees: Vec<TreeSpec>,
+    limits: Limits,
+    meta: RunMeta,
+    on_tree: &(dyn Fn(TreeDone) + Sync),
+) -> Vec<Vec<NodeRecord>> {
+    use futures::StreamExt;
     let version = batcher.policy_version();
     let ctxs: Vec<Arc<TreeCtx>> = trees
         .into_iter()
@@ -114,15 +136,19 @@ pub async fn run_trees(batcher: &Batcher, trees: Vec<TreeSpec>, limits: Limits, 
         })
         .collect();
     batcher.activate(ctxs.len());
-    let handles: Vec<_> = ctxs
+    let mut roots: futures::stream::FuturesUnordered<_> = ctxs
         .iter()
         .map(|t| {
             let goal = t.spec.episode.root_goal();
             tokio::spawn(run_node(batcher.clone(), t.clone(), Vec::new(), 0, goal, None, None))
         })
         .collect();
-    for h in handles {
-        h.await.expect("a root node task panicked");
+    let total = ctxs.len();
+    let mut finished = 0;
+    while let Some(outcome) = roots.next().await {
+        let outcome = outcome.expect("a root node task panicked");
+        finished += 1;
+        on_tree(TreeDone { finished, total, root_score: outcome.score });
     }
     ctxs.into_iter().map(|t| finish_tree(&t)).collect()
 }

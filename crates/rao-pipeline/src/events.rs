@@ -1,9 +1,10 @@
-//! What a run reports as it goes: progress bars on a terminal, plain lines otherwise, JSON on request.
+//! What a run reports as it goes: progress bars on a terminal (`bars.rs`), plain lines
+//! otherwise, JSON on request.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -14,6 +15,8 @@ pub enum Event {
         pipeline: String,
         run_id: String,
         instances: usize,
+        /// Instances per stage (the instance name up to `@` or `[`): what an ETA counts on.
+        stages: BTreeMap<String, usize>,
         store: String,
     },
     Cached {
@@ -31,6 +34,21 @@ pub enum Event {
         error: String,
         delay_s: f64,
     },
+    /// Inner progress of a running stage (throttled: see `progress.rs`).
+    Progress {
+        instance: String,
+        done: u64,
+        total: u64,
+        /// What `done` counts: `steps`, `trees`, …
+        unit: String,
+        /// The latest numbers worth seeing, e.g. `loss 0.412`.
+        message: String,
+    },
+    /// A milestone a stage reports (e.g. a gate check's result), shown as a line of its own.
+    Note {
+        instance: String,
+        message: String,
+    },
     Finished {
         instance: String,
         fingerprint: String,
@@ -43,6 +61,14 @@ pub enum Event {
     Skipped {
         instance: String,
         reason: String,
+    },
+    /// Ctrl-C: the running instances are asked to stop (they stop at their next step).
+    Cancelling {
+        running: Vec<String>,
+    },
+    /// A running instance that stopped because the run was cancelled.
+    Cancelled {
+        instance: String,
     },
     /// Another run holds this instance's lease: this run waits for its result.
     Waiting {
@@ -74,6 +100,9 @@ pub enum Event {
 #[derive(Clone)]
 pub struct Reporter(Arc<dyn Fn(&Event) + Send + Sync>);
 
+/// How often plain output repeats a running stage's progress (a log, not an animation).
+const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
 impl Reporter {
     pub fn new(f: impl Fn(&Event) + Send + Sync + 'static) -> Self {
         Reporter(Arc::new(f))
@@ -92,10 +121,19 @@ impl Reporter {
             let _ = writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(e).expect("events serialise"));
         })
     }
-    /// Human lines on stderr.
+    /// Human lines on stderr; a running stage's progress at most every ten seconds.
     pub fn plain() -> Self {
         let t0 = Instant::now();
+        let last_progress: Mutex<HashMap<String, Instant>> = Mutex::new(HashMap::new());
         Reporter::new(move |e| {
+            if let Event::Progress { instance, .. } = e {
+                let mut last = last_progress.lock().unwrap_or_else(|p| p.into_inner());
+                let now = Instant::now();
+                if last.get(instance).is_some_and(|t| now.duration_since(*t) < PLAIN_PROGRESS_EVERY) {
+                    return;
+                }
+                last.insert(instance.clone(), now);
+            }
             let t = t0.elapsed().as_secs_f64();
             if let Some(line) = human_line(e) {
                 use std::io::Write;
@@ -105,57 +143,28 @@ impl Reporter {
     }
     /// Progress bars when stderr is a terminal, plain lines otherwise.
     pub fn auto() -> Self {
-        if std::io::stderr().is_terminal() { Self::bars() } else { Self::plain() }
-    }
-
-    fn bars() -> Self {
-        use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-        let multi = MultiProgress::new();
-        let total = multi.add(ProgressBar::new(0));
-        total.set_style(
-            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} stages {msg}").unwrap().progress_chars("=> "),
-        );
-        let running: Mutex<HashMap<String, ProgressBar>> = Mutex::new(HashMap::new());
-        Reporter::new(move |e| match e {
-            Event::RunStarted { instances, .. } => total.set_length(*instances as u64),
-            Event::Started { instance, attempt, .. } => {
-                let pb = multi.add(ProgressBar::new_spinner());
-                pb.set_style(ProgressStyle::with_template("  {spinner} {msg} {elapsed}").unwrap());
-                pb.enable_steady_tick(std::time::Duration::from_millis(120));
-                let suffix = if *attempt > 1 { format!(" (attempt {attempt})") } else { String::new() };
-                pb.set_message(format!("{instance}{suffix}"));
-                if let Some(old) = running.lock().unwrap().insert(instance.clone(), pb) {
-                    old.finish_and_clear();
-                }
-            }
-            Event::Finished { instance, .. } | Event::Failed { instance, .. } => {
-                if let Some(pb) = running.lock().unwrap().remove(instance) {
-                    pb.finish_and_clear();
-                }
-                total.inc(1);
-                if let Some(l) = human_line(e) {
-                    multi.println(l).ok();
-                }
-            }
-            Event::Cached { .. } | Event::Skipped { .. } => total.inc(1),
-            Event::Retrying { .. } | Event::Waiting { .. } | Event::Damaged { .. } | Event::Warning { .. } => {
-                if let Some(l) = human_line(e) {
-                    multi.println(l).ok();
-                }
-            }
-            Event::RunFinished { .. } => {
-                total.finish_and_clear();
-                if let Some(l) = human_line(e) {
-                    multi.println(l).ok();
-                }
-            }
-        })
+        if std::io::stderr().is_terminal() { crate::bars::reporter() } else { Self::plain() }
     }
 }
 
-fn human_line(e: &Event) -> Option<String> {
+/// The stage an instance belongs to: its name up to the loop iteration (`@`) or matrix (`[`).
+pub fn stage_of(instance: &str) -> &str {
+    instance.split(['@', '[']).next().unwrap_or(instance)
+}
+
+/// `done/total unit · message`, as progress reads in a line.
+pub fn progress_text(done: u64, total: u64, unit: &str, message: &str) -> String {
+    let mut s = format!("{done}/{total} {unit}");
+    if !message.is_empty() {
+        s.push_str(" · ");
+        s.push_str(message);
+    }
+    s
+}
+
+pub fn human_line(e: &Event) -> Option<String> {
     Some(match e {
-        Event::RunStarted { pipeline, run_id, instances, store } => {
+        Event::RunStarted { pipeline, run_id, instances, store, .. } => {
             format!("run {run_id} of `{pipeline}`: {instances} stage instances, store {store}")
         }
         Event::Cached { instance, .. } => format!("cached   {instance}"),
@@ -169,9 +178,16 @@ fn human_line(e: &Event) -> Option<String> {
         Event::Retrying { instance, attempt, error, delay_s } => {
             format!("retry    {instance} after attempt {attempt} failed ({error}); waiting {delay_s:.1}s")
         }
+        Event::Progress { instance, done, total, unit, message } => {
+            format!("progress {instance}: {}", progress_text(*done, *total, unit, message))
+        }
+        Event::Note { instance, message } => format!("note     {instance}: {message}"),
         Event::Finished { instance, seconds, .. } => format!("done     {instance} ({seconds:.2}s)"),
         Event::Failed { instance, error } => format!("FAILED   {instance}: {error}"),
         Event::Skipped { instance, reason } => format!("skipped  {instance}: {reason}"),
+        Event::Cancelling { running } if running.is_empty() => "cancelling: nothing was running".to_string(),
+        Event::Cancelling { running } => format!("cancelling: stopping {} (Ctrl-C again to stop at once)", running.join(", ")),
+        Event::Cancelled { instance } => format!("stopped  {instance} (cancelled)"),
         Event::Waiting { instance, holder } => format!("waiting  {instance}: {holder} is computing it"),
         Event::Damaged { instance, why, .. } => format!("DAMAGED  {instance}: {why}; set aside, recomputing"),
         Event::Warning { message } => format!("warning: {message}"),
@@ -179,4 +195,17 @@ fn human_line(e: &Event) -> Option<String> {
             format!("run {run_id} {status} in {seconds:.2}s: {done} ran, {cached} cached, {failed} failed, {skipped} skipped")
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_of_strips_iteration_and_matrix() {
+        assert_eq!(stage_of("rollout@12"), "rollout");
+        assert_eq!(stage_of("shard[i=1,j=2]"), "shard");
+        assert_eq!(stage_of("rollout@3[shard=0]"), "rollout");
+        assert_eq!(stage_of("warmstart"), "warmstart");
+    }
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
 
 use crate::compile::Compiled;
 use crate::events::{Event, Reporter};
@@ -46,6 +47,9 @@ pub struct Job {
     pub run_id: String,
     /// `--force`: recompute even if done; only a manifest finished after this time is reused.
     pub forced_at: Option<f64>,
+    /// Cancelled when the run is (Ctrl-C): the stage stops at its next await, cleans up and the
+    /// job ends with `ExecError::Cancelled`.
+    pub cancel: CancellationToken,
 }
 
 /// How a job ended well.
@@ -60,6 +64,8 @@ pub struct Finished {
 pub enum ExecError {
     #[error("timed out after {0:.1?}")]
     Timeout(Duration),
+    #[error("cancelled")]
+    Cancelled,
     #[error("{0:#}")]
     Failed(anyhow::Error),
 }
@@ -116,7 +122,8 @@ pub async fn execute(c: &Compiled, registry: &Registry, store: &Store, job: Job,
         .get(&inst.kind)
         .ok_or_else(|| ExecError::Failed(anyhow::anyhow!("stage kind `{}` is not registered in this binary", inst.kind)))?
         .clone();
-    let guard = match lease_or_reuse(store, &job, &inst.name, reporter).await.map_err(ExecError::Failed)? {
+    let leased = job.cancel.run_until_cancelled(lease_or_reuse(store, &job, &inst.name, reporter)).await;
+    let guard = match leased.ok_or(ExecError::Cancelled)?.map_err(ExecError::Failed)? {
         Ok(guard) => guard,
         Err(manifest) => return Ok(Finished { manifest, reused: true }),
     };
@@ -162,18 +169,32 @@ async fn run_attempts(
             scratch: scratch.clone(),
             staging: staging.clone(),
             metrics: metrics.clone(),
+            progress: crate::progress::StageProgress::new(&inst.name, reporter.clone()),
+            cancel: job.cancel.clone(),
         };
-        // A panicking stage fails alone: its siblings and the run go on.
-        let fut = std::panic::AssertUnwindSafe(kind.run(ctx)).catch_unwind().map(|r| match r {
-            Ok(r) => r,
-            Err(panic) => Err(anyhow::anyhow!("the stage panicked: {}", panic_text(&panic))),
-        });
+        // A panicking stage fails alone: its siblings and the run go on. Cancelled, the stage's
+        // future is dropped at its next await; the cleanup below still runs.
+        let stage = std::panic::AssertUnwindSafe(kind.run(ctx)).catch_unwind();
+        let cancel = job.cancel.clone();
+        let fut = async move {
+            match cancel.run_until_cancelled_owned(stage).await {
+                Some(Ok(r)) => r,
+                Some(Err(panic)) => Err(anyhow::anyhow!("the stage panicked: {}", panic_text(&panic))),
+                None => Err(anyhow::anyhow!("cancelled")),
+            }
+        };
         let result = match inst.timeout {
             Some(t) => match tokio::time::timeout(t, fut).await {
                 Ok(r) => r.map_err(ExecError::Failed),
                 Err(_) => Err(ExecError::Timeout(t)),
             },
             None => fut.await.map_err(ExecError::Failed),
+        };
+        // A stage that ended well is published even if Ctrl-C came meanwhile; one that failed
+        // then is cancelled (not retried).
+        let result = match result {
+            Err(_) if job.cancel.is_cancelled() => Err(ExecError::Cancelled),
+            r => r,
         };
         let result = match result {
             Ok(()) => publish::publish(c, store, job, &staging, metrics, started_at, attempt).await.map_err(ExecError::Failed),
@@ -200,11 +221,15 @@ async fn run_attempts(
                 });
                 repair_input(c, registry, store, job, &damaged, reporter).await.map_err(ExecError::Failed)?;
             }
+            // Saved progress stays: the next run resumes from it.
+            Err(ExecError::Cancelled) => return Err(ExecError::Cancelled),
             Err(e) if attempt <= inst.retries => {
                 let delay = (0.2 * 2f64.powi(attempt as i32 - 1)).min(10.0);
                 let error = crate::secrets::redact(&e.to_string());
                 reporter.emit(Event::Retrying { instance: inst.name.clone(), attempt, error, delay_s: delay });
-                tokio::time::sleep(Duration::from_secs_f64(delay)).await;
+                if job.cancel.run_until_cancelled(tokio::time::sleep(Duration::from_secs_f64(delay))).await.is_none() {
+                    return Err(ExecError::Cancelled);
+                }
             }
             Err(e) => return Err(e),
         }
@@ -316,6 +341,6 @@ pub async fn execute_by_name(
         anyhow::anyhow!("`{name}` cannot run yet: inputs not done: {}", missing.join(", "))
     })?;
     let fingerprint = parts.fingerprint();
-    let job = Job { instance: i, parts, fingerprint, inputs, run_id: run_id.to_string(), forced_at: None };
+    let job = Job { instance: i, parts, fingerprint, inputs, run_id: run_id.to_string(), forced_at: None, cancel: CancellationToken::new() };
     Ok(execute(c, registry, store, job, reporter).await?.manifest)
 }

@@ -49,7 +49,8 @@ impl Executor for LocalProcess {
     }
     fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Finished, String>> {
         let (exe, store, reporter) = (self.exe.clone(), self.store.clone(), self.reporter.clone());
-        Box::pin(async move {
+        // Cancelled: the child is killed (dropped); its saved progress stays for the next run.
+        Box::pin(unless_cancelled(job.cancel.clone(), async move {
             let inst = &c.instances[job.instance];
             reporter.emit(Event::Started { instance: inst.name.clone(), fingerprint: job.fingerprint.clone(), attempt: 1 });
             let out = tokio::process::Command::new(&exe)
@@ -64,7 +65,7 @@ impl Executor for LocalProcess {
                 return Err(crate::secrets::redact(&format!("`rao exec` exited with {}: {}", out.status, err.trim())));
             }
             finished_by(&store, &job).await?.ok_or_else(|| "`rao exec` succeeded but wrote no manifest".to_string())
-        })
+        }))
     }
 }
 
@@ -81,6 +82,15 @@ impl Executor for PerInstance {
     fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Finished, String>> {
         self.executors[job.instance].execute(c, job)
     }
+}
+
+/// `fut`, unless the run is cancelled first (then it is dropped: executors that run a job
+/// elsewhere stop it on drop).
+pub async fn unless_cancelled(
+    cancel: tokio_util::sync::CancellationToken,
+    fut: impl std::future::Future<Output = Result<Finished, String>>,
+) -> Result<Finished, String> {
+    cancel.run_until_cancelled_owned(fut).await.unwrap_or_else(|| Err("cancelled".to_string()))
 }
 
 /// The published result of a job that another process ran (`rao exec`, a Ray job), if any.

@@ -9,9 +9,11 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use crate::integrity;
 use crate::layout::output_prefix;
+use crate::progress::StageProgress;
 use crate::store::{FileEntry, Store};
 
 /// A problem with one parameter: `key` is the top-level param it concerns (if known).
@@ -201,6 +203,8 @@ pub struct StageContext {
     pub scratch: PathBuf,
     pub(crate) staging: PathBuf,
     pub(crate) metrics: Arc<Mutex<BTreeMap<String, f64>>>,
+    pub(crate) progress: StageProgress,
+    pub(crate) cancel: CancellationToken,
 }
 
 impl StageContext {
@@ -300,6 +304,33 @@ impl StageContext {
         bytes.extend_from_slice(blake3::hash(payload).as_bytes());
         bytes.extend_from_slice(payload);
         Ok(self.store.put(&key, Bytes::from(bytes)).await?)
+    }
+
+    /// Report how far the stage is: `done` of `total` `unit`s (`"steps"`, `"trees"`), with the
+    /// latest numbers worth seeing in `message` (e.g. `"loss 0.412"`). Cheap: call it every step;
+    /// the updates that reach the terminal and `--json` are thinned out.
+    pub fn progress(&self, done: u64, total: u64, unit: &str, message: impl Into<String>) {
+        self.progress.progress(done, total, unit, message.into())
+    }
+
+    /// Report a milestone (e.g. a gate check's result): a line of its own on the terminal and a
+    /// `note` event.
+    pub fn note(&self, message: impl Into<String>) {
+        self.progress.note(message.into())
+    }
+
+    /// Whether the run is being cancelled (Ctrl-C).
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Call between the steps of a long computation that does not otherwise await: an error once
+    /// the run is cancelled, else a yield to the runtime (so a cancelled run can stop this stage
+    /// here, without waiting for its next I/O).
+    pub async fn cancellation_point(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.cancel.is_cancelled(), "cancelled");
+        tokio::task::yield_now().await;
+        Ok(())
     }
 
     /// Record a metric in the manifest (loops can stop on them; reports read them).

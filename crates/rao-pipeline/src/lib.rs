@@ -1,11 +1,13 @@
 //! rao-pipeline: a generic, RL-free orchestrator. Pipeline files compile to a DAG of stage
 //! instances that run concurrently, cached by content in an object store, and resume after a crash.
 
+mod bars;
 pub mod builtin;
 pub mod check;
 pub mod compile;
 pub mod dataset;
 pub mod diag;
+pub mod eta;
 pub mod events;
 pub mod exec;
 pub mod executor;
@@ -22,6 +24,7 @@ pub mod manifest;
 pub mod overrides;
 pub mod parse;
 pub mod plan;
+mod progress;
 pub mod publish;
 pub mod ray;
 pub mod run_record;

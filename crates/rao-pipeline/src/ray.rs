@@ -164,6 +164,6 @@ impl Executor for Ray {
     }
     fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Finished, String>> {
         let me = self.clone();
-        Box::pin(async move { me.run_job(c, job).await })
+        Box::pin(crate::executor::unless_cancelled(job.cancel.clone(), async move { me.run_job(c, job).await }))
     }
 }

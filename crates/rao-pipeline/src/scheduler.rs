@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::compile::{Compiled, Source};
 use crate::events::{Event, Reporter};
@@ -45,6 +46,10 @@ impl Default for RunOptions {
         }
     }
 }
+
+/// After Ctrl-C, how long running instances get to stop by themselves (clean up, release their
+/// leases) before they are dropped where they are.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -108,6 +113,8 @@ struct Scheduler {
     running: JoinSet<(usize, Result<Finished, String>)>,
     running_needs: BTreeMap<usize, (u32, u32)>,
     cancelled: bool,
+    /// Handed to every job: cancelled on Ctrl-C.
+    cancel: CancellationToken,
     last_heartbeat: f64,
 }
 
@@ -197,6 +204,7 @@ impl Scheduler {
             running: JoinSet::new(),
             running_needs: BTreeMap::new(),
             cancelled: false,
+            cancel: CancellationToken::new(),
             last_heartbeat: now,
             record,
             t0: Instant::now(),
@@ -236,10 +244,15 @@ impl Scheduler {
         if let Err(e) = self.store.put(&marker, bytes::Bytes::new()).await {
             self.emit(Event::Warning { message: format!("cannot mark the run active: {e}") });
         }
+        let mut stages = BTreeMap::new();
+        for inst in &self.c.instances {
+            *stages.entry(crate::events::stage_of(&inst.name).to_string()).or_default() += 1;
+        }
         self.emit(Event::RunStarted {
             pipeline: self.c.name.clone(),
             run_id: self.record.run_id.clone(),
             instances: self.c.instances.len(),
+            stages,
             store: self.store.url().to_string(),
         });
         Ok(())
@@ -365,6 +378,7 @@ impl Scheduler {
             inputs,
             run_id: self.record.run_id.clone(),
             forced_at: self.forced[i].then_some(self.forced_at),
+            cancel: self.cancel.clone(),
         };
         let fut = self.executor.execute(self.c.clone(), job);
         self.running.spawn(async move { (i, fut.await) });
@@ -431,13 +445,7 @@ impl Scheduler {
                     None => {}
                 },
                 _ = &mut ctrl_c, if !self.cancelled => {
-                    self.cancelled = true;
-                    self.running.abort_all();
-                    for (&i, _) in self.running_needs.clone().iter() {
-                        self.mark(i, InstanceStatus::Cancelled, Some("run cancelled (Ctrl-C)".into()));
-                    }
-                    self.running_needs.clear();
-                    while self.running.join_next().await.is_some() {}
+                    self.cancel_running().await;
                     return Ok(());
                 }
                 _ = heartbeat.tick() => {
@@ -447,6 +455,59 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// Ctrl-C: every running instance is asked to stop and gets `CANCEL_GRACE` to do so cleanly
+    /// (an instance that finished meanwhile keeps its result); then, or at a second Ctrl-C, what
+    /// still runs is dropped.
+    async fn cancel_running(&mut self) {
+        self.cancelled = true;
+        self.cancel.cancel();
+        let running = self.running_needs.keys().map(|&i| self.c.instances[i].name.clone()).collect();
+        self.emit(Event::Cancelling { running });
+        let handle_ctrl_c = self.opts.handle_ctrl_c;
+        let again = async move {
+            if handle_ctrl_c {
+                let _ = tokio::signal::ctrl_c().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let grace = tokio::time::sleep(CANCEL_GRACE);
+        tokio::pin!(again, grace);
+        loop {
+            tokio::select! {
+                r = self.running.join_next() => match r {
+                    Some(Ok((i, result))) => self.on_stopped(i, result),
+                    Some(Err(_)) => {}
+                    None => break,
+                },
+                _ = &mut grace => break,
+                _ = &mut again => break,
+            }
+        }
+        self.running.abort_all();
+        while let Some(r) = self.running.join_next().await {
+            if let Ok((i, result)) = r {
+                self.on_stopped(i, result);
+            }
+        }
+        // Dropped without an answer.
+        for i in std::mem::take(&mut self.running_needs).into_keys() {
+            self.mark(i, InstanceStatus::Cancelled, Some("run cancelled (Ctrl-C)".into()));
+            self.emit(Event::Cancelled { instance: self.c.instances[i].name.clone() });
+        }
+    }
+
+    /// An instance that ended after Ctrl-C: a result is kept, anything else is a cancellation.
+    fn on_stopped(&mut self, i: usize, result: Result<Finished, String>) {
+        if result.is_ok() {
+            return self.on_finished(i, result);
+        }
+        self.running_needs.remove(&i);
+        self.record.instances[i].finished_at = Some(now_secs());
+        self.mark(i, InstanceStatus::Cancelled, Some("run cancelled (Ctrl-C)".into()));
+        self.emit(Event::Cancelled { instance: self.c.instances[i].name.clone() });
     }
 
     async fn finish(mut self) -> RunRecord {

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::envs;
 use crate::rollout::{
-    ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, gold_trees, label_bands, make_policy, rollout_trees, run_batch, tree_specs,
+    ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, TreeProgress, gold_trees, label_bands, make_policy, rollout_trees_reporting,
+    run_batch, tree_specs,
 };
 use crate::training::write_trees;
 use crate::update::HISTORY_FILE;
@@ -165,23 +166,27 @@ impl TypedStage for Evaluate {
             let meta = RunMeta { run: ctx.pipeline.clone(), iteration: 0, env: set.env().into() };
             let mut rows = Vec::new();
             let mut all_nodes = Vec::new();
+            let progress = TreeProgress::of(&ctx, p.modes.len() * all.len() * p.group_size);
             for &mode in &p.modes {
                 let mode_name = if mode == Mode::Recursive { "recursive" } else { "flat" };
                 let limits = p.limits.limits(mode);
                 let trees = match policy.clone() {
-                    None => gold_trees(set.as_ref(), &all, mode, p.group_size, limits, meta.clone(), ctx.seed).await?,
+                    None => gold_trees(set.as_ref(), &all, mode, p.group_size, limits, meta.clone(), ctx.seed, &progress).await?,
                     Some(policy) if p.latency => {
                         // One task's trees at a time, each with the seeds it has in the whole set.
                         let mut trees = Vec::new();
                         for (position, &t) in all.iter().enumerate() {
                             let specs = tree_specs(set.as_ref(), std::iter::once((position, t)), mode, p.group_size, ctx.seed);
-                            trees.extend(run_batch(policy.clone(), specs, limits, meta.clone()).await);
+                            trees.extend(run_batch(policy.clone(), specs, limits, meta.clone(), &progress).await);
                         }
                         label_bands(set.as_ref(), &mut trees);
                         trees
                     }
-                    Some(policy) => rollout_trees(set.as_ref(), &all, policy, mode, p.group_size, limits, meta.clone(), ctx.seed).await,
+                    Some(policy) => {
+                        rollout_trees_reporting(set.as_ref(), &all, policy, mode, p.group_size, limits, meta.clone(), ctx.seed, &progress).await
+                    }
                 };
+                let first = rows.len();
                 for group in set.label_order() {
                     let mine: Vec<&Vec<NodeRecord>> =
                         trees.iter().filter(|t| group_of.get(t[0].task_id.as_str()) == Some(&group)).collect();
@@ -192,6 +197,8 @@ impl TypedStage for Evaluate {
                     ctx.set_metric(&format!("{mode_name}_{group}_success"), row.success);
                     rows.push(row);
                 }
+                let by_group: Vec<String> = rows[first..].iter().map(|r| format!("{} {:.2}", r.band, r.success)).collect();
+                ctx.note(format!("{mode_name}: success {}", by_group.join(", ")));
                 all_nodes.extend(trees.into_iter().flatten());
             }
             let history: Vec<BTreeMap<String, f64>> = match ctx.inputs.get("checkpoint").and_then(|v| v.first()) {

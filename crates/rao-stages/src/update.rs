@@ -133,11 +133,17 @@ impl TypedStage for Update {
             } else {
                 let mut rng = Rng::new(ctx.seed);
                 let mb = if p.minibatch == 0 { seqs.len() } else { p.minibatch };
-                let mut last = Default::default();
+                let mut last: rao_policy::StepMetrics = Default::default();
+                let total = (p.steps * seqs.len().div_ceil(mb)) as u64;
+                let mut done = 0;
+                ctx.progress(0, total, "steps", "");
                 for _ in 0..p.steps {
                     rng.shuffle(&mut seqs);
                     for chunk in seqs.chunks(mb) {
                         last = policy.train_step(chunk, grammar.as_ref(), p.loss, p.lr, p.temperature);
+                        done += 1;
+                        ctx.progress(done, total, "steps", format!("loss {:.4}", last.loss));
+                        ctx.cancellation_point().await?;
                     }
                 }
                 let m: rao_policy::StepMetrics = last;

@@ -292,6 +292,8 @@ impl TypedStage for Warmstart {
             ctx.set_metric("params", policy.model.num_params() as f64);
             let mut rng = Rng::from_state(st.rng);
             let mut last_save = std::time::Instant::now();
+            let max_steps = p.max_steps as u64;
+            ctx.progress(st.step as u64, max_steps, "steps", if st.step > 0 { format!("resumed at step {}", st.step) } else { String::new() });
             'train: loop {
                 // An epoch boundary: everything the rest of training depends on is in `st`,
                 // `rng`, the policy and `best`.
@@ -318,13 +320,22 @@ impl TypedStage for Warmstart {
                     let lr = p.lr * (1.0 - frac * (1.0 - p.lr_final));
                     st.loss = policy.train_step(&batch, grammar.as_ref(), Loss::Supervised, lr, 1.0).loss;
                     st.step += 1;
-                    if st.step % p.eval_every.max(1) == 0 || st.step >= p.max_steps {
+                    let gate_now = st.step % p.eval_every.max(1) == 0 || st.step >= p.max_steps;
+                    let checking = if gate_now { " · checking the gate" } else { "" };
+                    ctx.progress(st.step as u64, max_steps, "steps", format!("loss {:.4}{checking}", st.loss));
+                    ctx.cancellation_point().await?;
+                    if gate_now {
                         let checkpoint = policy.checkpoint();
                         let snapshot = Arc::new(Policy::from_checkpoint(&checkpoint, p.backend)?);
                         (st.node_success, st.root_success) = gate_check(gate_set.as_ref(), snapshot, &p.limits, ctx.seed).await;
                         st.lines.push_str(&format!(
                             "step {} loss {:.4} gate node_success {:.3} root_success {:.3}\n",
                             st.step, st.loss, st.node_success, st.root_success
+                        ));
+                        let verdict = if st.node_success >= p.gate.min_node_success { "passed" } else { "not yet" };
+                        ctx.note(format!(
+                            "gate at step {}: node success {:.3} (gate {}: {verdict}), root success {:.3}, loss {:.4}",
+                            st.step, st.node_success, p.gate.min_node_success, st.root_success, st.loss
                         ));
                         std::fs::write(&log, &st.lines)?;
                         if p.gate.keep_best && best.as_ref().is_none_or(|b| st.node_success >= b.0) {
@@ -340,6 +351,7 @@ impl TypedStage for Warmstart {
             let checkpoint = match best.filter(|b| b.2 != step) {
                 Some((n, r, at, kept)) => {
                     lines.push_str(&format!("kept the checkpoint of step {at} (gate node_success {n:.3}, the best)\n"));
+                    ctx.note(format!("kept the checkpoint of step {at} (gate node success {n:.3}, the best)"));
                     (node_success, root_success) = (n, r);
                     ctx.set_metric("kept_step", at as f64);
                     kept
