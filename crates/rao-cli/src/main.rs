@@ -1,6 +1,7 @@
 //! `rao`: validate, plan, run and inspect RAO training pipelines.
 
 mod artifacts;
+mod terminal;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -484,13 +485,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 targets.push(rao_results::tracking::Target::parse(t, std::path::Path::new(".")).map_err(anyhow::Error::msg)?);
             }
             let reporter = if json { Reporter::json() } else { Reporter::auto() };
+            let _no_echo = (!json && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(terminal::NoEchoedCtrlC::new);
             let exec = executors(&c, executor, &ray_address, &registry, &store, &reporter)?;
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
             let opts = RunOptions { jobs, gpus, force, from, only, reporter, handle_ctrl_c: true, code_version: code_version() };
             let c = Arc::new(c);
             let record = rao_pipeline::run(c.clone(), exec, &store, opts).await?;
             export_run(&c, &store, &record.run_id, &targets).await;
-            if !json && c.instances.iter().any(|i| i.kind == "evaluate") {
+            let evaluated = record.instances.iter().any(|i| {
+                i.kind == "evaluate" && matches!(i.status, rao_pipeline::InstanceStatus::Done | rao_pipeline::InstanceStatus::Cached)
+            });
+            if !json && evaluated {
                 // Where the results are: the same file and overrides, read back by fingerprint.
                 let sets: String = rao_pipeline::run_record::redact_overrides(&p.set).iter().map(|o| format!(" --set {o}")).collect();
                 let store_arg = p.store.as_ref().map(|s| format!(" --store {s}")).unwrap_or_default();

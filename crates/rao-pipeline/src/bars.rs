@@ -8,31 +8,33 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressState, ProgressStyle};
 
-use crate::eta::{Eta, clock};
+use crate::eta::Eta;
 use crate::events::{Event, Reporter, human_line};
 
 /// A note longer than this is cut in the run's line (it is printed whole above the bars).
 const NOTE_IN_LINE: usize = 60;
 
 fn run_style(eta: Arc<Mutex<Eta>>) -> ProgressStyle {
-    ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} to run · ETA {eta_left}{msg}")
+    // `wide_msg` is cut to the terminal's width: a line that wrapped would be left behind on
+    // the screen when the bars are redrawn.
+    ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} to run · ETA {eta_left}{wide_msg}")
         .expect("a valid template")
         .progress_chars("=> ")
         .with_key("eta_left", move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
             let left = eta.lock().unwrap_or_else(|p| p.into_inner()).remaining(Instant::now());
             let _ = match left {
-                Some(d) => write!(w, "{}", clock(d)),
+                Some(e) => write!(w, "{e}"),
                 None => write!(w, "?"),
             };
         })
 }
 
 fn spinner_style() -> ProgressStyle {
-    ProgressStyle::with_template("  {spinner} {prefix} {msg} {elapsed}").expect("a valid template")
+    ProgressStyle::with_template("  {spinner} {prefix} {elapsed} {wide_msg}").expect("a valid template")
 }
 
 fn inner_style() -> ProgressStyle {
-    ProgressStyle::with_template("  {spinner} {prefix} [{bar:20}] {pos}/{len} {msg} {elapsed}")
+    ProgressStyle::with_template("  {spinner} {prefix} {elapsed} [{bar:20}] {pos}/{len} {wide_msg}")
         .expect("a valid template")
         .progress_chars("=> ")
 }
@@ -55,14 +57,7 @@ impl Bars {
         run.set_style(run_style(eta.clone()));
         // The clock and the ETA move between events.
         run.enable_steady_tick(Duration::from_secs(1));
-        Bars {
-            multi,
-            run,
-            eta,
-            running: Mutex::new(HashMap::new()),
-            cached: Mutex::new(0),
-            last_note: Mutex::new(String::new()),
-        }
+        Bars { multi, run, eta, running: Mutex::new(HashMap::new()), cached: Mutex::new(0), last_note: Mutex::new(String::new()) }
     }
 
     fn print(&self, e: &Event) {

@@ -1,10 +1,11 @@
 //! How long a run has left, estimated from the instances that finished in it.
 //!
 //! Each stage's instances are expected to take as long as that stage's finished ones did on
-//! average (a stage with none finished yet: the mean of all finished instances); a running
-//! instance that reports progress is expected to go on at its own pace. The work left is divided
-//! by the parallelism the run has shown so far (busy time of finished instances over the wall
-//! clock since the first start). Cached and skipped instances are no work.
+//! average; a running instance that reports progress is expected to go on at its own pace. A
+//! stage with no finished instance yet counts as nothing and the estimate says it is a lower
+//! bound (`≥`). The work left is divided by the parallelism the run has shown so far (busy
+//! time of finished and running instances over the wall clock since the first start). Cached
+//! and skipped instances are no work.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -98,38 +99,73 @@ impl Eta {
         *self.settled.entry(stage_of(instance).to_string()).or_default() += 1;
     }
 
-    /// Time left, if anything has finished to measure it by.
-    pub fn remaining(&self, now: Instant) -> Option<Duration> {
-        let overall = self.all_seconds.get();
-        let mean_of = |stage: &str| self.seconds.get(stage).and_then(Mean::get).or(overall);
+    /// Time left, once anything has finished to measure it by.
+    pub fn remaining(&self, now: Instant) -> Option<Estimate> {
+        if self.all_seconds.n == 0 && self.running.values().all(|r| r.left_per_done().is_none()) {
+            return None;
+        }
+        let mean_of = |stage: &str| self.seconds.get(stage).and_then(Mean::get);
         let mut work = 0.0;
+        let mut at_least = false;
+        let mut busy = self.all_seconds.sum;
         let mut running_per_stage: BTreeMap<&str, usize> = BTreeMap::new();
         for (name, r) in &self.running {
             let stage = stage_of(name);
             *running_per_stage.entry(stage).or_default() += 1;
             let elapsed = now.saturating_duration_since(r.started).as_secs_f64();
-            work += match r.progress {
+            busy += elapsed;
+            match (r.left_per_done(), mean_of(stage)) {
                 // Its own pace: the time per unit so far, for the units left.
-                Some((done, total)) if done > 0 && total >= done => elapsed * (total - done) as f64 / done as f64,
-                _ => (mean_of(stage)? - elapsed).max(0.0),
-            };
+                (Some(ratio), _) => work += elapsed * ratio,
+                (None, Some(mean)) => work += (mean - elapsed).max(0.0),
+                (None, None) => at_least = true,
+            }
         }
         for (stage, &planned) in &self.planned {
             let settled = self.settled.get(stage).copied().unwrap_or(0);
             let running = running_per_stage.get(stage.as_str()).copied().unwrap_or(0);
             let waiting = planned.saturating_sub(settled + running);
             if waiting > 0 {
-                work += waiting as f64 * mean_of(stage)?;
+                match mean_of(stage) {
+                    Some(mean) => work += waiting as f64 * mean,
+                    None => at_least = true,
+                }
             }
         }
+        // The parallelism the run has shown: busy time (finished and running) over wall clock.
         let parallelism = match self.first_start {
-            Some(t0) if self.all_seconds.n > 0 => {
+            Some(t0) => {
                 let wall = now.saturating_duration_since(t0).as_secs_f64();
-                if wall > 0.0 { (self.all_seconds.sum / wall).max(1.0) } else { 1.0 }
+                if wall > 0.0 { (busy / wall).max(1.0) } else { 1.0 }
             }
-            _ => 1.0,
+            None => 1.0,
         };
-        Some(Duration::from_secs_f64((work / parallelism).max(0.0)))
+        Some(Estimate { left: Duration::from_secs_f64((work / parallelism).max(0.0)), at_least })
+    }
+}
+
+impl Running {
+    /// Units left per unit done, once the stage reported any done.
+    fn left_per_done(&self) -> Option<f64> {
+        match self.progress {
+            Some((done, total)) if done > 0 && total >= done => Some((total - done) as f64 / done as f64),
+            _ => None,
+        }
+    }
+}
+
+/// How long a run has left.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    pub left: Duration,
+    /// Some stage still to run has not finished an instance yet (and is counted as nothing), so
+    /// the run takes at least `left`.
+    pub at_least: bool,
+}
+
+impl std::fmt::Display for Estimate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", if self.at_least { "≥" } else { "" }, clock(self.left))
     }
 }
 
@@ -182,7 +218,7 @@ mod tests {
         eta.observe(&finished("warmstart", 60.0), t0 + Duration::from_secs(60));
         eta.observe(&started("rollout@1"), t0 + Duration::from_secs(60));
         eta.observe(&finished("rollout@1", 2.0), t0 + Duration::from_secs(62));
-        let left = eta.remaining(t0 + Duration::from_secs(62)).unwrap().as_secs_f64();
+        let left = eta.remaining(t0 + Duration::from_secs(62)).unwrap().left.as_secs_f64();
         assert!((left - 8.0).abs() < 1e-6, "{left}");
     }
 
@@ -197,7 +233,7 @@ mod tests {
         let unit = |done| Event::Progress { instance: "warmstart".into(), done, total: 1000, unit: "steps".into(), message: String::new() };
         eta.observe(&unit(250), t0 + Duration::from_secs(11));
         // 250 steps in 10 s: 750 more take 30 s.
-        let left = eta.remaining(t0 + Duration::from_secs(11)).unwrap().as_secs_f64();
+        let left = eta.remaining(t0 + Duration::from_secs(11)).unwrap().left.as_secs_f64();
         assert!((left - 30.0).abs() < 1e-6, "{left}");
     }
 
@@ -211,8 +247,26 @@ mod tests {
         eta.observe(&started("s[i=1]"), t0);
         eta.observe(&finished("s[i=0]", 10.0), t0 + Duration::from_secs(10));
         eta.observe(&finished("s[i=1]", 10.0), t0 + Duration::from_secs(10));
-        let left = eta.remaining(t0 + Duration::from_secs(10)).unwrap().as_secs_f64();
+        let left = eta.remaining(t0 + Duration::from_secs(10)).unwrap().left.as_secs_f64();
         assert!((left - 20.0).abs() < 1e-6, "{left}");
+    }
+
+    #[test]
+    fn a_stage_not_measured_yet_makes_the_estimate_a_lower_bound() {
+        let mut eta = Eta::default();
+        let t0 = Instant::now();
+        eta.observe(&run_started(&[("prep", 2), ("evaluate", 1)]), t0);
+        eta.observe(&started("prep[i=0]"), t0);
+        eta.observe(&finished("prep[i=0]", 4.0), t0 + Duration::from_secs(4));
+        let e = eta.remaining(t0 + Duration::from_secs(4)).unwrap();
+        assert!(e.at_least && (e.left.as_secs_f64() - 4.0).abs() < 1e-6, "{e:?}");
+        assert_eq!(e.to_string(), "≥0:04");
+        eta.observe(&started("prep[i=1]"), t0 + Duration::from_secs(4));
+        eta.observe(&finished("prep[i=1]", 4.0), t0 + Duration::from_secs(8));
+        eta.observe(&started("evaluate"), t0 + Duration::from_secs(8));
+        eta.observe(&finished("evaluate", 1.0), t0 + Duration::from_secs(9));
+        let e = eta.remaining(t0 + Duration::from_secs(9)).unwrap();
+        assert_eq!((e.at_least, e.left), (false, Duration::ZERO));
     }
 
     #[test]

@@ -341,6 +341,7 @@ pub async fn execute_by_name(
         anyhow::anyhow!("`{name}` cannot run yet: inputs not done: {}", missing.join(", "))
     })?;
     let fingerprint = parts.fingerprint();
-    let job = Job { instance: i, parts, fingerprint, inputs, run_id: run_id.to_string(), forced_at: None, cancel: CancellationToken::new() };
+    let job =
+        Job { instance: i, parts, fingerprint, inputs, run_id: run_id.to_string(), forced_at: None, cancel: CancellationToken::new() };
     Ok(execute(c, registry, store, job, reporter).await?.manifest)
 }

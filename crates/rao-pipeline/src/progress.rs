@@ -9,8 +9,11 @@ use crate::events::{Event, Reporter};
 
 /// Two updates of one stage are at least this far apart (first and last always go out).
 const MIN_INTERVAL: Duration = Duration::from_millis(100);
-/// At most one update per percent of the total: ≤ 101 progress events per stage instance.
+/// One update per percent of the total at most…
 const BUCKETS: u64 = 100;
+/// …unless the last one is this old: a long stage whose percent moves slowly still shows its
+/// latest step (and loss) every second.
+const MAX_SILENCE: Duration = Duration::from_secs(1);
 
 /// When the last update went out, and at which percent.
 #[derive(Debug, Default)]
@@ -21,11 +24,16 @@ pub(crate) struct Throttle {
 impl Throttle {
     /// Whether an update at `done` of `total` goes out now (and if so, remember it).
     pub(crate) fn admit(&mut self, done: u64, total: u64, now: Instant) -> bool {
-        let bucket = if total == 0 { 0 } else { done.min(total) * BUCKETS / total };
+        // Nothing to do is all done.
+        let bucket = if total == 0 { BUCKETS } else { done.min(total) * BUCKETS / total };
         let admit = match self.last {
             None => true,
-            Some(_) if done >= total => true,
-            Some((at, last_bucket)) => bucket != last_bucket && now.duration_since(at) >= MIN_INTERVAL,
+            // The end goes out once.
+            Some((_, last_bucket)) if done >= total && last_bucket != BUCKETS => true,
+            Some((at, last_bucket)) => {
+                let since = now.duration_since(at);
+                (bucket != last_bucket && since >= MIN_INTERVAL) || since >= MAX_SILENCE
+            }
         };
         if admit {
             self.last = Some((now, bucket));
@@ -67,24 +75,40 @@ mod tests {
         let mut t = Throttle::default();
         let t0 = Instant::now();
         assert!(t.admit(0, 1000, t0));
-        // Same percent, later: no.
-        assert!(!t.admit(5, 1000, t0 + Duration::from_secs(5)));
+        // Same percent, soon after: no; a second later: yes.
+        assert!(!t.admit(5, 1000, t0 + Duration::from_millis(500)));
+        assert!(t.admit(6, 1000, t0 + Duration::from_millis(1000)));
         // Next percent, too soon: no.
-        assert!(!t.admit(20, 1000, t0 + Duration::from_millis(50)));
-        assert!(t.admit(20, 1000, t0 + Duration::from_millis(150)));
-        assert!(t.admit(1000, 1000, t0 + Duration::from_millis(151)));
+        assert!(!t.admit(20, 1000, t0 + Duration::from_millis(1050)));
+        assert!(t.admit(20, 1000, t0 + Duration::from_millis(1150)));
+        assert!(t.admit(1000, 1000, t0 + Duration::from_millis(1151)));
+        // The end goes out once.
+        assert!(!t.admit(1000, 1000, t0 + Duration::from_millis(1152)));
         // A total of 0 does not divide by zero.
         let mut z = Throttle::default();
         assert!(z.admit(0, 0, t0));
-        assert!(z.admit(0, 0, t0));
+        assert!(!z.admit(0, 0, t0));
     }
 
     #[test]
-    fn a_fast_loop_of_a_million_steps_makes_at_most_a_hundred_and_one_updates() {
+    fn updates_come_ten_a_second_at_most_and_once_per_percent_when_slower() {
         let mut t = Throttle::default();
         let t0 = Instant::now();
-        let n = (0..=1_000_000u64).filter(|&i| t.admit(i, 1_000_000, t0 + Duration::from_millis(i))).count();
-        assert!(n <= 101, "{n} updates");
-        assert!(n >= 100, "{n} updates: one per percent when the loop is slow enough");
+        // A step every microsecond: a second in all.
+        let n = (0..=1_000_000u64).filter(|&i| t.admit(i, 1_000_000, t0 + Duration::from_micros(i))).count();
+        assert!((10..=11).contains(&n), "{n} updates: one per 100 ms");
+        // A step every 10 µs (10 s in all, a percent every 100 ms): one per percent.
+        let mut t = Throttle::default();
+        let n = (0..=1_000_000u64).filter(|&i| t.admit(i, 1_000_000, t0 + Duration::from_micros(10 * i))).count();
+        assert!((100..=101).contains(&n), "{n} updates");
+    }
+
+    #[test]
+    fn a_slow_percent_still_updates_every_second() {
+        let mut t = Throttle::default();
+        let t0 = Instant::now();
+        // 100,000 steps at 5 ms each: a percent takes 5 s, an update comes every second.
+        let n = (0..=2_000u64).filter(|&i| t.admit(i, 100_000, t0 + Duration::from_millis(5 * i))).count();
+        assert!((10..=12).contains(&n), "{n} updates in 10 s");
     }
 }

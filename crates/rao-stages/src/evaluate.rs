@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::envs;
 use crate::rollout::{
-    ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, TreeProgress, gold_trees, label_bands, make_policy, rollout_trees_reporting,
-    run_batch, tree_specs,
+    ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, TreeProgress, gold_trees, label_bands, make_policy,
+    rollout_trees_reporting, run_batch, tree_specs,
 };
 use crate::training::write_trees;
 use crate::update::HISTORY_FILE;
@@ -183,7 +183,8 @@ impl TypedStage for Evaluate {
                         trees
                     }
                     Some(policy) => {
-                        rollout_trees_reporting(set.as_ref(), &all, policy, mode, p.group_size, limits, meta.clone(), ctx.seed, &progress).await
+                        rollout_trees_reporting(set.as_ref(), &all, policy, mode, p.group_size, limits, meta.clone(), ctx.seed, &progress)
+                            .await
                     }
                 };
                 let first = rows.len();

@@ -341,12 +341,7 @@ pub fn tree_metrics(trees: &[Vec<NodeRecord>]) -> Vec<(&'static str, f64)> {
 /// The numbers of a rollout worth a line: `root success 0.417 · node success 0.803 · 5.2 nodes/tree`.
 pub fn headline(metrics: &[(&'static str, f64)]) -> String {
     let get = |k: &str| metrics.iter().find(|m| m.0 == k).map(|m| m.1).unwrap_or(f64::NAN);
-    format!(
-        "root success {:.3} · node success {:.3} · {:.1} nodes/tree",
-        get("root_success"),
-        get("node_success"),
-        get("nodes_per_tree")
-    )
+    format!("root success {:.3} · node success {:.3} · {:.1} nodes/tree", get("root_success"), get("node_success"), get("nodes_per_tree"))
 }
 
 pub struct Rollout;

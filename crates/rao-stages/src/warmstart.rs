@@ -293,7 +293,12 @@ impl TypedStage for Warmstart {
             let mut rng = Rng::from_state(st.rng);
             let mut last_save = std::time::Instant::now();
             let max_steps = p.max_steps as u64;
-            ctx.progress(st.step as u64, max_steps, "steps", if st.step > 0 { format!("resumed at step {}", st.step) } else { String::new() });
+            ctx.progress(
+                st.step as u64,
+                max_steps,
+                "steps",
+                if st.step > 0 { format!("resumed at step {}", st.step) } else { String::new() },
+            );
             'train: loop {
                 // An epoch boundary: everything the rest of training depends on is in `st`,
                 // `rng`, the policy and `best`.
