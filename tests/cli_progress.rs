@@ -79,14 +79,19 @@ fn run_record(dir: &Path, store: &str) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(dir.join(store).join("runs/progress/latest.json")).unwrap()).unwrap()
 }
 
+/// In this process and in child `rao exec` processes (whose events the run passes on) alike.
 #[test]
 fn json_events_report_each_stages_progress_with_increasing_counts() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("p.yaml"), PIPELINE).unwrap();
-    let o = rao(dir.path(), &["run", "p.yaml", "--store", "s", "--json"]).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let events = events(&o.stdout);
-    let record = run_record(dir.path(), "s");
+    for executor in ["in-process", "process"] {
+        let o = rao(dir.path(), &["run", "p.yaml", "--store", executor, "--json", "--executor", executor]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        check_progress(&events(&o.stdout), &run_record(dir.path(), executor));
+    }
+}
+
+fn check_progress(events: &[serde_json::Value], record: &serde_json::Value) {
     let update = record["instances"].as_array().unwrap().iter().find(|i| i["name"] == "update@1").unwrap();
     assert!(
         update["metrics"]["sequences"].as_f64() > Some(0.0),

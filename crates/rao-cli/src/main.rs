@@ -137,6 +137,10 @@ enum Command {
         /// No progress lines.
         #[arg(long)]
         quiet: bool,
+        /// Events as JSON lines on stdout instead of progress lines and the manifest (what
+        /// `rao run --executor process` reads to show the stage's progress).
+        #[arg(long, conflicts_with = "quiet")]
+        json: bool,
         /// The run this execution belongs to (set by `rao run`'s executors; recorded in the manifest).
         #[arg(long)]
         run_id: Option<String>,
@@ -514,12 +518,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 _ => ExitCode::FAILURE,
             });
         }
-        Command::Exec { p, instance, quiet, run_id } => {
+        Command::Exec { p, instance, quiet, json, run_id } => {
             let (c, store) = load(&p, &registry)?;
-            let reporter = if quiet { Reporter::silent() } else { Reporter::plain() };
+            let reporter = if json {
+                Reporter::json()
+            } else if quiet {
+                Reporter::silent()
+            } else {
+                Reporter::plain()
+            };
             let run_id = run_id.unwrap_or_else(rao_pipeline::scheduler::new_run_id);
             let m = rao_pipeline::exec::execute_by_name(&c, &registry, &store, &instance, &run_id, &reporter).await?;
-            if !quiet {
+            if !quiet && !json {
                 println!("{}", serde_json::to_string_pretty(&m)?);
             }
         }

@@ -300,12 +300,24 @@ pub fn input_artifacts(
     Some(out)
 }
 
+/// What `rao exec` writes as it runs: nothing (a cluster's job logs), or its events as JSON
+/// lines on stdout (for a parent `rao run` to show the stage's progress).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecOutput {
+    Quiet,
+    JsonEvents,
+}
+
 /// The arguments of `rao exec` for one instance (after the program name), with absolute paths so
 /// the command works from any directory and on any node that sees the same files and store.
-pub fn exec_args(c: &Compiled, instance: &str, store: &Store, run_id: &str) -> Vec<String> {
+pub fn exec_args(c: &Compiled, instance: &str, store: &Store, run_id: &str, output: ExecOutput) -> Vec<String> {
     let file = std::fs::canonicalize(&c.file).unwrap_or_else(|_| c.file.clone());
     let store = store.local_root().map(|r| r.display().to_string()).unwrap_or_else(|| store.url().to_string());
-    let mut args = vec!["exec".to_string(), file.display().to_string(), instance.to_string(), "--store".into(), store, "--quiet".into()];
+    let flag = match output {
+        ExecOutput::Quiet => "--quiet",
+        ExecOutput::JsonEvents => "--json",
+    };
+    let mut args = vec!["exec".to_string(), file.display().to_string(), instance.to_string(), "--store".into(), store, flag.into()];
     args.extend(["--run-id".to_string(), run_id.to_string()]);
     for o in &c.overrides {
         args.extend(["--set".to_string(), o.clone()]);

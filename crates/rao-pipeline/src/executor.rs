@@ -53,19 +53,39 @@ impl Executor for LocalProcess {
         Box::pin(unless_cancelled(job.cancel.clone(), async move {
             let inst = &c.instances[job.instance];
             reporter.emit(Event::Started { instance: inst.name.clone(), fingerprint: job.fingerprint.clone(), attempt: 1 });
-            let out = tokio::process::Command::new(&exe)
-                .args(exec::exec_args(&c, &inst.name, &store, &job.run_id))
+            let mut child = tokio::process::Command::new(&exe)
+                .args(exec::exec_args(&c, &inst.name, &store, &job.run_id, exec::ExecOutput::JsonEvents))
                 .kill_on_drop(true)
                 .stdin(std::process::Stdio::null())
-                .output()
-                .await
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
                 .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
-            if !out.status.success() {
-                let err = String::from_utf8_lossy(&out.stderr);
-                return Err(crate::secrets::redact(&format!("`rao exec` exited with {}: {}", out.status, err.trim())));
+            let (stdout, mut stderr) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
+            let mut err = Vec::new();
+            let (_, _, status) =
+                tokio::join!(forward_events(stdout, &reporter), tokio::io::AsyncReadExt::read_to_end(&mut stderr, &mut err), child.wait());
+            let status = status.map_err(|e| format!("waiting for {}: {e}", exe.display()))?;
+            if !status.success() {
+                let err = String::from_utf8_lossy(&err);
+                return Err(crate::secrets::redact(&format!("`rao exec` exited with {status}: {}", err.trim())));
             }
             finished_by(&store, &job).await?.ok_or_else(|| "`rao exec` succeeded but wrote no manifest".to_string())
         }))
+    }
+}
+
+/// Pass on what a child `rao exec --json` reports from inside its stage (progress, notes,
+/// retries, waits, warnings); its start and end are this process's to report. Lines that are
+/// not events are ignored.
+async fn forward_events(stdout: tokio::process::ChildStdout, reporter: &Reporter) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        match serde_json::from_str::<Event>(&line) {
+            Ok(Event::Started { .. } | Event::Finished { .. } | Event::Failed { .. } | Event::Cached { .. }) | Err(_) => {}
+            Ok(e) => reporter.emit(e),
+        }
     }
 }
 

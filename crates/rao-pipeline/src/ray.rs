@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::compile::Compiled;
 use crate::events::{Event, Reporter};
-use crate::exec::{Finished, Job, exec_args};
+use crate::exec::{ExecOutput, Finished, Job, exec_args};
 use crate::executor::{Executor, finished_by};
 use crate::store::Store;
 
@@ -88,7 +88,7 @@ impl Ray {
 
     async fn submit(&self, c: &Compiled, job: &Job, id: &str) -> Result<(), String> {
         let inst = &c.instances[job.instance];
-        let cmd = [vec![self.exe.display().to_string()], exec_args(c, &inst.name, &self.store, &job.run_id)].concat();
+        let cmd = [vec![self.exe.display().to_string()], exec_args(c, &inst.name, &self.store, &job.run_id, ExecOutput::Quiet)].concat();
         let entrypoint = cmd.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ");
         let body = json!({
             "entrypoint": entrypoint,
