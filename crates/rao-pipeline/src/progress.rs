@@ -25,7 +25,7 @@ impl Throttle {
     /// Whether an update at `done` of `total` goes out now (and if so, remember it).
     pub(crate) fn admit(&mut self, done: u64, total: u64, now: Instant) -> bool {
         // Nothing to do is all done.
-        let bucket = if total == 0 { BUCKETS } else { done.min(total) * BUCKETS / total };
+        let bucket = (done.min(total) * BUCKETS).checked_div(total).unwrap_or(BUCKETS);
         let admit = match self.last {
             None => true,
             // The end goes out once.
