@@ -130,20 +130,30 @@ fn check_progress(events: &[serde_json::Value], record: &serde_json::Value) {
     }
 }
 
+/// In this process, and in a child `rao exec` (the run passes Ctrl-C on to it).
 #[cfg(unix)]
 #[test]
 fn ctrl_c_stops_a_running_warm_start_within_seconds_and_records_the_run_as_cancelled() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("p.yaml"), PIPELINE).unwrap();
+    for executor in ["in-process", "process"] {
+        ctrl_c_during_the_warm_start(dir.path(), executor);
+    }
+}
+
+#[cfg(unix)]
+fn ctrl_c_during_the_warm_start(dir: &Path, executor: &str) {
     // A warm start far longer than the test, with no gate check on the way: only its own
     // steps can notice the cancellation.
     let mut child = rao(
-        dir.path(),
+        dir,
         &[
             "run",
             "p.yaml",
             "--store",
-            "s",
+            executor,
+            "--executor",
+            executor,
             "--json",
             "--set",
             "stages.warmstart.params.max_steps=1000000",
@@ -173,7 +183,7 @@ fn ctrl_c_stops_a_running_warm_start_within_seconds_and_records_the_run_as_cance
     seen.extend(lines.map(|l| serde_json::from_str::<serde_json::Value>(&l.unwrap()).unwrap()));
     let status = child.wait().unwrap();
     let took = t0.elapsed();
-    eprintln!("SIGINT → exit: {took:?}");
+    eprintln!("{executor}: SIGINT → exit: {took:?}");
     assert_eq!(status.code(), Some(130), "{status}");
     // Measured at a few tens of milliseconds; before the stage checked for cancellation between
     // its steps, it ran on until its next save of progress or gate check.
@@ -188,13 +198,13 @@ fn ctrl_c_stops_a_running_warm_start_within_seconds_and_records_the_run_as_cance
     let end = seen.last().unwrap();
     assert_eq!((end["event"].as_str(), end["status"].as_str()), (Some("run_finished"), Some("cancelled")), "{end}");
 
-    let record = run_record(dir.path(), "s");
+    let record = run_record(dir, executor);
     assert_eq!(record["status"], "cancelled");
     let warmstart = record["instances"].as_array().unwrap().iter().find(|i| i["name"] == "warmstart").unwrap();
     assert_eq!(warmstart["status"], "cancelled", "{warmstart}");
     // Nothing was published for it, and its lease is gone: the next run starts it at once.
     let fp = warmstart["fingerprint"].as_str().unwrap();
-    assert!(!dir.path().join(format!("s/objects/{}/{fp}/MANIFEST.json", &fp[..2])).exists());
-    let leases = dir.path().join(format!("s/leases/{}/{fp}", &fp[..2]));
+    assert!(!dir.join(format!("{executor}/objects/{}/{fp}/MANIFEST.json", &fp[..2])).exists());
+    let leases = dir.join(format!("{executor}/leases/{}/{fp}", &fp[..2]));
     assert!(std::fs::read_dir(&leases).map(|d| d.count()).unwrap_or(0) == 0, "a lease is left in {}", leases.display());
 }

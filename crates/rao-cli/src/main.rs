@@ -528,7 +528,21 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 Reporter::plain()
             };
             let run_id = run_id.unwrap_or_else(rao_pipeline::scheduler::new_run_id);
-            let m = rao_pipeline::exec::execute_by_name(&c, &registry, &store, &instance, &run_id, &reporter).await?;
+            // Ctrl-C stops the stage at its next step and releases its lease, as in `rao run`.
+            let cancel = rao_pipeline::CancellationToken::new();
+            let on_ctrl_c = cancel.clone();
+            tokio::spawn(async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    on_ctrl_c.cancel();
+                }
+            });
+            let m = match rao_pipeline::exec::execute_by_name(&c, &registry, &store, &instance, &run_id, &reporter, cancel).await {
+                Err(e) if matches!(e.downcast_ref(), Some(rao_pipeline::exec::ExecError::Cancelled)) => {
+                    eprintln!("cancelled: {instance}");
+                    return Ok(ExitCode::from(130));
+                }
+                r => r?,
+            };
             if !quiet && !json {
                 println!("{}", serde_json::to_string_pretty(&m)?);
             }

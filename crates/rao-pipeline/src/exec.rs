@@ -264,7 +264,7 @@ async fn repair_input(
             manifest::quarantine(store, &damaged.fingerprint, &bytes).await?;
         }
     }
-    let fresh = Box::pin(execute_by_name(c, registry, store, &damaged.producer, &job.run_id, reporter)).await?;
+    let fresh = Box::pin(execute_by_name(c, registry, store, &damaged.producer, &job.run_id, reporter, job.cancel.clone())).await?;
     for artifacts in job.inputs.values_mut() {
         for a in artifacts.iter_mut().filter(|a| a.fingerprint == damaged.fingerprint) {
             a.attempt = fresh.attempt.clone();
@@ -326,7 +326,8 @@ pub fn exec_args(c: &Compiled, instance: &str, store: &Store, run_id: &str, outp
 }
 
 /// `rao exec`: run one instance by name, reading everything it needs from the store.
-/// Fails if an input is not done; a done instance is not run again.
+/// Fails if an input is not done; a done instance is not run again. Cancelled through `cancel`,
+/// it ends with `ExecError::Cancelled`.
 pub async fn execute_by_name(
     c: &Compiled,
     registry: &Registry,
@@ -334,6 +335,7 @@ pub async fn execute_by_name(
     name: &str,
     run_id: &str,
     reporter: &Reporter,
+    cancel: CancellationToken,
 ) -> anyhow::Result<Manifest> {
     let i = c.instance_index(name).ok_or_else(|| {
         let names: Vec<&str> = c.instances.iter().map(|x| x.name.as_str()).collect();
@@ -353,7 +355,6 @@ pub async fn execute_by_name(
         anyhow::anyhow!("`{name}` cannot run yet: inputs not done: {}", missing.join(", "))
     })?;
     let fingerprint = parts.fingerprint();
-    let job =
-        Job { instance: i, parts, fingerprint, inputs, run_id: run_id.to_string(), forced_at: None, cancel: CancellationToken::new() };
+    let job = Job { instance: i, parts, fingerprint, inputs, run_id: run_id.to_string(), forced_at: None, cancel };
     Ok(execute(c, registry, store, job, reporter).await?.manifest)
 }

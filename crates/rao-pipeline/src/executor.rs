@@ -49,8 +49,7 @@ impl Executor for LocalProcess {
     }
     fn execute(&self, c: Arc<Compiled>, job: Job) -> BoxFuture<'static, Result<Finished, String>> {
         let (exe, store, reporter) = (self.exe.clone(), self.store.clone(), self.reporter.clone());
-        // Cancelled: the child is killed (dropped); its saved progress stays for the next run.
-        Box::pin(unless_cancelled(job.cancel.clone(), async move {
+        Box::pin(async move {
             let inst = &c.instances[job.instance];
             reporter.emit(Event::Started { instance: inst.name.clone(), fingerprint: job.fingerprint.clone(), attempt: 1 });
             let mut child = tokio::process::Command::new(&exe)
@@ -62,17 +61,44 @@ impl Executor for LocalProcess {
                 .spawn()
                 .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
             let (stdout, mut stderr) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
+            let pid = child.id();
+            // Cancelled: the child gets Ctrl-C and stops as a run does (its stage at the next
+            // step, its lease released). If it is still running when the scheduler's grace ends,
+            // this future is dropped and the child killed. Its saved progress stays either way.
+            let waited = async {
+                tokio::select! {
+                    status = child.wait() => status,
+                    _ = job.cancel.cancelled() => {
+                        interrupt(pid);
+                        child.wait().await
+                    }
+                }
+            };
             let mut err = Vec::new();
             let (_, _, status) =
-                tokio::join!(forward_events(stdout, &reporter), tokio::io::AsyncReadExt::read_to_end(&mut stderr, &mut err), child.wait());
+                tokio::join!(forward_events(stdout, &reporter), tokio::io::AsyncReadExt::read_to_end(&mut stderr, &mut err), waited);
             let status = status.map_err(|e| format!("waiting for {}: {e}", exe.display()))?;
+            if job.cancel.is_cancelled() && !status.success() {
+                return Err("cancelled".into());
+            }
             if !status.success() {
                 let err = String::from_utf8_lossy(&err);
                 return Err(crate::secrets::redact(&format!("`rao exec` exited with {status}: {}", err.trim())));
             }
             finished_by(&store, &job).await?.ok_or_else(|| "`rao exec` succeeded but wrote no manifest".to_string())
-        }))
+        })
     }
+}
+
+/// Ctrl-C for a child process (where there are signals).
+fn interrupt(pid: Option<u32>) {
+    #[cfg(unix)]
+    if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
+        // SAFETY: a signal to our own child, not yet waited for (so its pid is not reused).
+        unsafe { libc::kill(pid, libc::SIGINT) };
+    }
+    #[cfg(not(unix))]
+    let _ = pid;
 }
 
 /// Pass on what a child `rao exec --json` reports from inside its stage (progress, notes,

@@ -44,3 +44,5 @@ pub use kind::{InputArtifact, InputDecl, ParamError, Registry, StageContext, Sta
 pub use run_record::{InstanceStatus, RunRecord, RunStatus};
 pub use scheduler::{RunOptions, run};
 pub use store::Store;
+/// How a run tells its jobs to stop (Ctrl-C): `Job::cancel`, `exec::execute_by_name`.
+pub use tokio_util::sync::CancellationToken;
