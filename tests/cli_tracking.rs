@@ -30,6 +30,7 @@ fn small(dir: &Path) -> Vec<String> {
         "stages.demo_tasks.params.per_band=12",
         "stages.gate_tasks.params.per_band=6",
         "stages.eval_tasks.params.per_band=4",
+        "stages.eval_deep_tasks.params.per_band=2",
         "stages.warmstart.params.max_steps=20",
         "stages.warmstart.params.eval_every=20",
         "stages.warmstart.params.batch=16",

@@ -23,6 +23,8 @@ const SHRINK: &[&str] = &[
     "--set",
     "stages.eval_tasks.params.per_band=4",
     "--set",
+    "stages.eval_deep_tasks.params.per_band=2",
+    "--set",
     "stages.warmstart.params.max_steps=40",
     "--set",
     "stages.warmstart.params.eval_every=20",

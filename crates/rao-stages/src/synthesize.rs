@@ -15,7 +15,8 @@ use crate::tasks_io::{TASKS_FILE, WORLD_FILE, read_task_file, tasks_to_parquet};
 #[derive(Debug, Clone, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum WorldSpec {
-    /// `small` (3 domains, tiers 0–7, compact) or `full` (5 domains, tiers 0–12).
+    /// `small` (3 domains, tiers 0–7, compact), `small-deep` (the same with tiers 8–9, its
+    /// Extreme band: evaluation beyond the tiers trained on) or `full` (5 domains, tiers 0–12).
     Preset(String),
     Config(SynthConfig),
 }
@@ -77,7 +78,7 @@ impl WorldSpec {
     pub fn config(&self) -> anyhow::Result<SynthConfig> {
         match self {
             WorldSpec::Preset(p) => {
-                SynthConfig::preset(p).ok_or_else(|| anyhow::anyhow!("unknown world preset `{p}`: use `small` or `full`"))
+                SynthConfig::preset(p).ok_or_else(|| anyhow::anyhow!("unknown world preset `{p}`: use `small`, `small-deep` or `full`"))
             }
             WorldSpec::Config(c) => Ok(c.clone()),
         }

@@ -262,12 +262,24 @@ impl SynthConfig {
         }
     }
 
+    /// The small world with two more tiers (8–9, its Extreme band): the same recipes at tiers
+    /// 1–7 and the same vocabulary, for evaluating generalisation beyond the tiers trained on.
+    pub fn small_deep() -> Self {
+        SynthConfig { max_tier: 9, ..Self::small() }
+    }
+
     pub fn preset(name: &str) -> Option<Self> {
         match name {
             "full" => Some(Self::full()),
             "small" => Some(Self::small()),
+            "small-deep" => Some(Self::small_deep()),
             _ => None,
         }
+    }
+
+    /// The deepest tier the vocabulary spells: this world's, or its deepest band's if deeper.
+    pub fn vocab_tiers(&self) -> u32 {
+        self.max_tier.max(self.bands.extreme.1)
     }
 
     fn per_tier(&self, t: u32) -> u32 {
@@ -286,7 +298,10 @@ fn synth_vocab(cfg: &SynthConfig) -> Vocab {
     if cfg.cross_domain_per_tier > 0 {
         words.push(CROSS.into());
     }
-    words.extend((0..=cfg.max_tier).map(|t| format!("t{t}")));
+    // Tier words up to the deepest band's, even where this world stops short of it: a world with
+    // more tiers (`small-deep`) then has the same vocabulary, so a policy trained in one plays in
+    // the other.
+    words.extend((0..=cfg.vocab_tiers()).map(|t| format!("t{t}")));
     let max_idx = (0..=cfg.max_tier)
         .map(|t| if t == 0 { cfg.base_per_domain } else { cfg.per_tier(t) })
         .max()
