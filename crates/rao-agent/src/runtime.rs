@@ -34,14 +34,21 @@ pub struct Limits {
     pub max_children: u32,
     /// Nodes one tree may hold.
     pub max_nodes: u32,
+    /// The paper's shared step budget: when set, the root has this many steps for its whole
+    /// subtree, and a node launching children reserves an equal share of what it has left for
+    /// each (keeping one step for itself after they return); a child's subtree spends only its
+    /// share, and what it leaves unspent comes back. A launch that would leave a child no step
+    /// is refused like one past `max_nodes`. Per-node `step_budget`s still cap each node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subtree_steps: Option<u32>,
 }
 
 impl Limits {
     pub fn recursive(window: usize) -> Self {
-        Limits { window, step_budget: 25, root_step_budget: None, max_depth: 6, max_children: 8, max_nodes: 512 }
+        Limits { window, step_budget: 25, root_step_budget: None, max_depth: 6, max_children: 8, max_nodes: 512, subtree_steps: None }
     }
     pub fn flat(window: usize) -> Self {
-        Limits { window, step_budget: 200, root_step_budget: None, max_depth: 0, max_children: 0, max_nodes: 1 }
+        Limits { window, step_budget: 200, root_step_budget: None, max_depth: 0, max_children: 0, max_nodes: 1, subtree_steps: None }
     }
 }
 
@@ -79,6 +86,8 @@ struct Outcome {
     result: Option<String>,
     /// Counters of the node's whole subtree.
     subtree: BTreeMap<String, i64>,
+    /// Steps the node and its descendants took.
+    subtree_steps: u32,
 }
 
 fn now_ms() -> f64 {
@@ -123,7 +132,8 @@ pub async fn run_trees_observed(
         .into_iter()
         .enumerate()
         .map(|(idx, spec)| {
-            let limits = if spec.recursive { limits } else { Limits { max_depth: 0, max_children: 0, max_nodes: 1, ..limits } };
+            let limits =
+                if spec.recursive { limits } else { Limits { max_depth: 0, max_children: 0, max_nodes: 1, subtree_steps: None, ..limits } };
             Arc::new(TreeCtx {
                 idx,
                 spec,
@@ -140,7 +150,8 @@ pub async fn run_trees_observed(
         .iter()
         .map(|t| {
             let goal = t.spec.episode.root_goal();
-            tokio::spawn(run_node(batcher.clone(), t.clone(), Vec::new(), 0, goal, None, None))
+            let budget = t.limits.subtree_steps;
+            tokio::spawn(run_node(batcher.clone(), t.clone(), Vec::new(), 0, goal, budget, None, None))
         })
         .collect();
     let total = ctxs.len();
@@ -168,14 +179,17 @@ fn finish_tree(t: &TreeCtx) -> Vec<NodeRecord> {
         .collect()
 }
 
-/// A node's life. `siblings_left` counts unfinished siblings: the last one to end hands its
-/// active slot back to the parent so the parent is in the very next round.
+/// A node's life. `budget`: steps for its whole subtree (shared budgets, `Limits::subtree_steps`).
+/// `siblings_left` counts unfinished siblings: the last one to end hands its active slot back to
+/// the parent so the parent is in the very next round.
+#[allow(clippy::too_many_arguments)]
 fn run_node(
     b: Batcher,
     tree: Arc<TreeCtx>,
     path: Vec<u32>,
     depth: u32,
     goal: Vec<Tok>,
+    budget: Option<u32>,
     spawn_step: Option<i32>,
     siblings_left: Option<Arc<AtomicUsize>>,
 ) -> BoxFuture<'static, Outcome> {
@@ -196,9 +210,11 @@ fn run_node(
         let mut children_launched: u32 = 0;
         let mut end_status = if context.len() >= limits.window { Some(status::CONTEXT_OVERFLOW) } else { None };
         let mut steps: u32 = 0;
+        // Steps the node's finished children's subtrees took (what they spent of `budget`).
+        let mut descendant_steps: u32 = 0;
         while end_status.is_none() {
-            let budget = if depth == 0 { limits.root_step_budget.unwrap_or(limits.step_budget) } else { limits.step_budget };
-            if steps >= budget {
+            let own_budget = if depth == 0 { limits.root_step_budget.unwrap_or(limits.step_budget) } else { limits.step_budget };
+            if steps >= own_budget || budget.is_some_and(|total| steps + descendant_steps >= total) {
                 end_status = Some(status::STEP_BUDGET);
                 break;
             }
@@ -242,11 +258,14 @@ fn run_node(
                 }
                 Step::Observe(obs) => obs,
                 Step::Spawn(goals) => {
+                    // Shared budget: each child's share of what is left after this step, one
+                    // step kept for the node itself.
+                    let share = budget.map(|total| total.saturating_sub(steps + descendant_steps + 1) / goals.len().max(1) as u32);
                     let refusal = if depth + 1 > limits.max_depth {
                         Some(Refusal::Depth)
                     } else if children_launched + goals.len() as u32 > limits.max_children {
                         Some(Refusal::Children)
-                    } else if tree.node_count.load(Ordering::SeqCst) + goals.len() as u32 > limits.max_nodes {
+                    } else if tree.node_count.load(Ordering::SeqCst) + goals.len() as u32 > limits.max_nodes || share == Some(0) {
                         Some(Refusal::Nodes)
                     } else {
                         None
@@ -273,6 +292,7 @@ fn run_node(
                                         child_path,
                                         depth + 1,
                                         g,
+                                        share,
                                         Some(steps as i32 - 1),
                                         Some(left.clone()),
                                     ))
@@ -286,6 +306,7 @@ fn run_node(
                                 for (k, v) in &child.subtree {
                                     *subtree.entry(k.clone()).or_default() += v;
                                 }
+                                descendant_steps += child.subtree_steps;
                                 receipts.extend(ep.receipt(child.score, child.result.as_deref()));
                                 child_results.push(child.result.clone());
                             }
@@ -351,6 +372,6 @@ fn run_node(
             Some(left) if left.fetch_sub(1, Ordering::SeqCst) == 1 => {}
             _ => b.deactivate(1),
         }
-        Outcome { score, result, subtree }
+        Outcome { score, result, subtree, subtree_steps: steps + descendant_steps }
     })
 }

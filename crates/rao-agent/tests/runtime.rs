@@ -61,7 +61,8 @@ impl Policy for Spawner {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caps_refuse_launches_as_observations() {
     let w = world();
-    let limits = Limits { window: 4096, step_budget: 4, root_step_budget: None, max_depth: 3, max_children: 6, max_nodes: 40 };
+    let limits =
+        Limits { window: 4096, step_budget: 4, root_step_budget: None, max_depth: 3, max_children: 6, max_nodes: 40, subtree_steps: None };
     let (trees, _) = run(&w, Arc::new(Spawner { world: w.clone() }), Band::Easy, 4, true, limits).await;
     for t in &trees {
         assert!(t.len() <= 40, "max_nodes holds: {}", t.len());
@@ -150,9 +151,47 @@ fn strip_timing(trees: Vec<Vec<NodeRecord>>) -> Vec<Vec<NodeRecord>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_seed_same_trees_even_for_a_random_policy() {
     let w = world();
-    let limits = Limits { window: 128, step_budget: 8, root_step_budget: None, max_depth: 3, max_children: 4, max_nodes: 30 };
+    let limits =
+        Limits { window: 128, step_budget: 8, root_step_budget: None, max_depth: 3, max_children: 4, max_nodes: 30, subtree_steps: None };
     let a = strip_timing(run(&w, Arc::new(UniformRandom { world: w.clone() }), Band::Medium, 16, true, limits).await.0);
     let b = strip_timing(run(&w, Arc::new(UniformRandom { world: w.clone() }), Band::Medium, 16, true, limits).await.0);
     assert_eq!(a, b);
     assert!(a.iter().map(|t| t.len()).sum::<usize>() > 16, "the random policy did spawn");
+}
+
+/// Steps of a node's whole subtree.
+fn subtree_steps(tree: &[NodeRecord], id: i32) -> i64 {
+    let node = tree.iter().find(|n| n.node_id == id).unwrap();
+    node.steps as i64 + tree.iter().filter(|c| c.parent_id == Some(id)).map(|c| subtree_steps(tree, c.node_id)).sum::<i64>()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_subtree_budget_holds_for_every_subtree_and_refuses_launches_it_cannot_fund() {
+    let w = world();
+    let per_node =
+        Limits { window: 4096, step_budget: 4, root_step_budget: None, max_depth: 3, max_children: 6, max_nodes: 200, subtree_steps: None };
+    let (unshared, _) = run(&w, Arc::new(Spawner { world: w.clone() }), Band::Easy, 4, true, per_node).await;
+    let total = 20;
+    let shared = Limits { subtree_steps: Some(total), ..per_node };
+    let (trees, _) = run(&w, Arc::new(Spawner { world: w.clone() }), Band::Easy, 4, true, shared).await;
+    for (t, u) in trees.iter().zip(&unshared) {
+        let root = t.iter().find(|n| n.parent_id.is_none()).unwrap();
+        assert!(subtree_steps(t, root.node_id) <= total as i64, "the root's subtree spent {} > {total}", subtree_steps(t, root.node_id));
+        // Each child's subtree stays within the share its parent reserved when it launched it:
+        // at most what the parent had left, split between the three it launched at once.
+        for n in t.iter().filter(|n| n.parent_id.is_some()) {
+            assert!(subtree_steps(t, n.node_id) <= (total as i64 - 2) / 3, "a child subtree overspent");
+        }
+        // The budget bites: fewer nodes than with per-node budgets, and refusals as observations.
+        assert!(t.len() < u.len(), "shared {} nodes vs per-node {}", t.len(), u.len());
+        assert!(t.iter().any(|n| n.turns.iter().any(|turn| turn.observation.contains("nodes"))), "a launch it cannot fund is refused");
+    }
+    // A generous shared budget changes nothing for the expert.
+    let expert = Arc::new(ScriptedExpert { world: w.clone(), config: ExpertConfig::default() });
+    let generous = Limits { subtree_steps: Some(10_000), ..Limits::recursive(96) };
+    let (a, _) = run(&w, expert.clone(), Band::Medium, 6, true, generous).await;
+    let (b, _) = run(&w, expert, Band::Medium, 6, true, Limits::recursive(96)).await;
+    let score = |ts: &[Vec<NodeRecord>]| ts.iter().map(|t| t.iter().find(|n| n.parent_id.is_none()).unwrap().score).sum::<f64>();
+    assert_eq!(score(&a), score(&b));
+    assert_eq!(score(&a), 6.0);
 }

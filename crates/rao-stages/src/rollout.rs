@@ -93,6 +93,11 @@ pub struct LimitParams {
     pub max_children: u32,
     #[serde(default = "default_nodes")]
     pub max_nodes: u32,
+    /// The paper's shared step budget for a recursive tree: the root's steps for its whole
+    /// subtree, a share of what is left reserved for each child it launches (see
+    /// `rao_agent::Limits::subtree_steps`). Absent: every node has its own `step_budget`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subtree_steps: Option<u32>,
 }
 
 fn default_window() -> usize {
@@ -117,6 +122,7 @@ impl Default for LimitParams {
             max_depth: default_depth(),
             max_children: default_children(),
             max_nodes: default_nodes(),
+            subtree_steps: None,
         }
     }
 }
@@ -133,6 +139,7 @@ impl LimitParams {
             max_depth: self.max_depth,
             max_children: self.max_children,
             max_nodes: self.max_nodes,
+            subtree_steps: if mode == Mode::Recursive { self.subtree_steps } else { None },
             ..base
         }
     }
