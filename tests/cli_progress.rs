@@ -30,7 +30,7 @@ stages:
       model: "${params.model}"
       limits: "${params.limits}"
       demos: {recursive_trees: 0, flat_trees: 2, delegate: 0.0, noise: 0.4}
-      max_steps: 400
+      max_steps: 800
       eval_every: 200
       batch: 32
       gate: {required: false}
@@ -105,8 +105,11 @@ fn check_progress(events: &[serde_json::Value], record: &serde_json::Value) {
         let (done, total) = (e["done"].as_u64().unwrap(), e["total"].as_u64().unwrap());
         progress.entry(e["instance"].as_str().unwrap().to_string()).or_default().push((done, total, e["unit"].as_str().unwrap().into()));
     }
+    // The update's steps: 3 passes over the sequences that had signal, in minibatches of 8.
+    let sequences = update["metrics"]["sequences"].as_f64().unwrap() as u64;
+    let update_steps = 3 * sequences.div_ceil(8);
     for (instance, unit, total) in
-        [("warmstart", "steps", 400), ("rollout@1", "trees", 32), ("update@1", "steps", 3), ("evaluate", "trees", 16)]
+        [("warmstart", "steps", 800), ("rollout@1", "trees", 32), ("update@1", "steps", update_steps), ("evaluate", "trees", 16)]
     {
         let p = progress.get(instance).unwrap_or_else(|| panic!("no progress from {instance}: {progress:?}"));
         assert!(p.len() >= 2, "{instance}: {p:?}");
@@ -114,7 +117,7 @@ fn check_progress(events: &[serde_json::Value], record: &serde_json::Value) {
         assert!(p.windows(2).all(|w| w[0].0 < w[1].0), "{instance}: counts do not increase: {p:?}");
         assert_eq!((p[0].0, p.last().unwrap().0), (0, total), "{instance}: {p:?}");
     }
-    // 400 steps take a few hundred milliseconds or more: the warm start says where it is on the way.
+    // 800 steps take a few hundred milliseconds or more: the warm start says where it is on the way.
     assert!(progress["warmstart"].len() >= 3, "{:?}", progress["warmstart"]);
     // Each progress event comes while its instance runs: after it started, before it finished.
     for instance in progress.keys() {
