@@ -213,15 +213,6 @@ pub struct KvRows {
 }
 
 impl KvRows {
-    /// Positions held per sequence.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     fn reserve(&mut self, batch: usize, dkv: usize, extra: usize) {
         if self.cap == 0 {
             (self.batch, self.dkv) = (batch, dkv);
