@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::node::NodeView;
 use crate::vocab::{Tok, Vocab};
 
 /// What an action does.
@@ -47,6 +48,11 @@ pub trait Episode: Send + Sync {
     fn root_goal(&self) -> Vec<Tok>;
     /// The prompt of a node: `<bos>`, mode, depth, goal.
     fn prompt(&self, goal: &[Tok], depth: u32, recursive: bool) -> Vec<Tok>;
+    /// A node's context split into goal and turns (`None`: not a node's context).
+    fn view(&self, ctx: &[Tok]) -> Option<NodeView>;
+    /// What a language model is told about the task, its actions and what they answer
+    /// (`text::conversation` puts it first).
+    fn instructions(&self, recursive: bool) -> String;
     /// Apply one action (without its `<eos>`) of a node whose goal is `goal`.
     fn step(&self, goal: &[Tok], action: &[Tok], recursive: bool) -> StepOutput;
     /// `step` for actions that read the results of the node's finished children, which the

@@ -7,6 +7,7 @@ pub mod longdoc;
 pub mod multihop;
 pub mod node;
 pub mod rng;
+pub mod text;
 pub mod textcraft;
 pub mod vocab;
 

@@ -15,6 +15,7 @@ use crate::env::{Episode, Refusal, Step, StepOutput};
 use crate::grammar::Grammar;
 use crate::node::{self, DIGITS, fixed_number, mode_and_depth_words, parse_node, prompt, read_fixed};
 use crate::rng::Rng;
+use crate::text;
 use crate::vocab::{EOS, OBS, Tok, Vocab};
 
 pub const SPEAKERS: [&str; 8] = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"];
@@ -309,6 +310,28 @@ impl Episode for LongDocEpisode {
 
     fn prompt(&self, goal: &[Tok], depth: u32, recursive: bool) -> Vec<Tok> {
         prompt(&self.lang.vocab, goal, depth, recursive)
+    }
+
+    fn view(&self, ctx: &[Tok]) -> Option<node::NodeView> {
+        parse_node(&self.lang.vocab, ctx, &self.lang.verbs())
+    }
+
+    fn instructions(&self, recursive: bool) -> String {
+        let launch = "`split K` (K a digit, 2 or more) divides your lines into K equal ranges and launches one \
+                      sub-agent per range with your question; each reports `got N` (its count, three digits) or \
+                      `got none`. `answer sum` then answers the sum of their counts.";
+        format!(
+            "You answer questions about a long transcript that stays outside your context. Each line is \
+             `SPEAKER rolls DIGIT`, `SPEAKER casts SPELL` or `SPEAKER says WORD`. Your goal `count WHO VERB WHAT START COUNT` \
+             asks how many of the COUNT lines from line START on match `WHO VERB WHAT` (`anyone` and `anything` match \
+             every speaker or object); START and COUNT are three digits each (`0 4 0` is forty).\n\
+             Actions:\n\
+             - `read START COUNT`: those lines (within your range; `err range` otherwise), then the question again.\n\
+             - `answer N`: you are done; N is your count, three digits.\n\
+             {}\n{}",
+            text::recursion_help(recursive, launch),
+            text::REPLY_FORMAT
+        )
     }
 
     fn step(&self, goal: &[Tok], action: &[Tok], recursive: bool) -> StepOutput {

@@ -14,6 +14,7 @@ use crate::env::{Episode, Refusal, Step, StepOutput};
 use crate::grammar::Grammar;
 use crate::node::{self, mode_and_depth_words, parse_node, prompt};
 use crate::rng::Rng;
+use crate::text;
 use crate::vocab::{EOS, OBS, Tok, Vocab};
 
 pub const RELATIONS: [&str; 8] = ["mentor", "rival", "sibling", "employer", "neighbor", "friend", "partner", "teacher"];
@@ -267,6 +268,25 @@ impl Episode for MultiHopEpisode {
 
     fn prompt(&self, goal: &[Tok], depth: u32, recursive: bool) -> Vec<Tok> {
         prompt(&self.lang.vocab, goal, depth, recursive)
+    }
+
+    fn view(&self, ctx: &[Tok]) -> Option<node::NodeView> {
+        parse_node(&self.lang.vocab, ctx, &self.lang.verbs())
+    }
+
+    fn instructions(&self, recursive: bool) -> String {
+        let launch = "`spawn R_k ... R_1 ENTITY` launches a sub-agent that answers that chain; it reports \
+                      `got ENTITY` (its answer) or `got none`.";
+        format!(
+            "You answer chain questions over a knowledge graph of entities and relations. Your goal \
+             `R_k ... R_2 R_1 ENTITY` asks for the R_k of ... of the R_2 of the R_1 of ENTITY.\n\
+             Actions:\n\
+             - `search ENTITY RELATION`: the entity's page, facts `SUBJECT RELATION OBJECT`, then `ENTITY RELATION` again.\n\
+             - `answer ENTITY`: you are done; ENTITY is your answer.\n\
+             {}\n{}",
+            text::recursion_help(recursive, launch),
+            text::REPLY_FORMAT
+        )
     }
 
     fn step(&self, goal: &[Tok], action: &[Tok], recursive: bool) -> StepOutput {

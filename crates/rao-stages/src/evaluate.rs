@@ -13,6 +13,7 @@ use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::chat_api::ChatEndpoint;
 use crate::envs;
 use crate::rollout::{
     ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, TreeProgress, gold_trees, label_bands, make_policy,
@@ -46,6 +47,9 @@ pub struct EvaluateParams {
     /// its share of a batch of all tasks (slower to run; same seeds).
     #[serde(default)]
     pub latency: bool,
+    /// The endpoint of `policy: openai`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openai: Option<ChatEndpoint>,
 }
 
 fn checkpoint() -> PolicyKind {
@@ -127,7 +131,10 @@ pub struct Evaluate;
 
 impl TypedStage for Evaluate {
     fn check(p: &EvaluateParams, inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
-        crate::rollout::needs_checkpoint(p.policy, inputs).into_iter().collect()
+        crate::rollout::needs_checkpoint(p.policy, inputs)
+            .into_iter()
+            .chain(crate::rollout::needs_endpoint(p.policy, p.openai.as_ref()))
+            .collect()
     }
     fn code() -> &'static str {
         crate::code::of("evaluate")
@@ -160,6 +167,7 @@ impl TypedStage for Evaluate {
                 backend: p.backend,
                 iteration: 0,
                 shard: None,
+                openai: p.openai.clone(),
             };
             // `policy: gold` replays each task's own trajectory: no one policy for all tasks.
             let policy = if p.policy == PolicyKind::Gold { None } else { Some(make_policy(&ctx, set.as_ref(), &rp).await?) };

@@ -96,7 +96,7 @@ impl TypedStage for Judge {
                 JudgeParams::Exact => {}
                 JudgeParams::RootProxy => root_proxy(&mut nodes),
                 JudgeParams::Llm(cfg) => {
-                    let judge = std::sync::Arc::new(LlmJudge::new(cfg.clone(), ctx.base_dir.join(&cfg.cache_dir))?);
+                    let judge = std::sync::Arc::new(LlmJudge::new(cfg.clone(), &ctx.base_dir)?);
                     let stats = judge.score_nodes(&mut nodes).await?;
                     ctx.set_metric("llm_calls", stats.calls as f64);
                     ctx.set_metric("llm_cache_hits", stats.cache_hits as f64);

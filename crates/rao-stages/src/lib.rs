@@ -30,10 +30,12 @@ pub fn registry() -> Registry {
     r
 }
 pub mod advantage;
+pub mod chat_api;
 pub mod evaluate;
 pub mod judge;
 pub mod llm_judge;
 pub mod neural;
+pub mod openai_policy;
 pub mod training;
 pub mod update;
 pub mod warmstart;

@@ -12,7 +12,9 @@ use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use crate::chat_api::{ChatApi, ChatEndpoint};
 use crate::envs::{self, ExpertSpec, TaskSet};
+use crate::openai_policy::OpenAiPolicy;
 
 pub const TREES_FILE: &str = "trees.parquet";
 
@@ -32,6 +34,27 @@ pub enum PolicyKind {
     /// Each task's gold trajectory (the original TextCraft files ship one) replayed through the
     /// environment, then `finish`: checks a dataset's gold from a pipeline.
     Gold,
+    /// A model behind an OpenAI-compatible chat-completions endpoint (the `openai` block),
+    /// acting on the environment's text form.
+    #[serde(rename = "openai")]
+    OpenAi,
+}
+
+/// `policy: openai` and its `openai` block come together: caught by `rao validate`.
+pub fn needs_endpoint(policy: PolicyKind, endpoint: Option<&ChatEndpoint>) -> Option<rao_pipeline::ParamError> {
+    match (policy, endpoint) {
+        (PolicyKind::OpenAi, None) => Some(rao_pipeline::ParamError {
+            key: Some("policy".into()),
+            message: "`policy: openai` needs an `openai` block: the endpoint to call".into(),
+            help: Some("add `openai: {base_url: \"http://127.0.0.1:8000/v1\", model: NAME}` (and `api_key_env` if it needs a key)".into()),
+        }),
+        (PolicyKind::OpenAi, Some(_)) | (_, None) => None,
+        (_, Some(_)) => Some(rao_pipeline::ParamError {
+            key: Some("openai".into()),
+            message: "an `openai` block is only read with `policy: openai`".into(),
+            help: Some("set `policy: openai`, or remove the block".into()),
+        }),
+    }
 }
 
 /// A policy that runs a model needs the model: caught by `rao validate`, before upstream work.
@@ -173,6 +196,9 @@ pub struct RolloutParams {
     /// trees of every shard.
     #[serde(default)]
     pub shard: Option<Shard>,
+    /// The endpoint of `policy: openai`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openai: Option<ChatEndpoint>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, JsonSchema)]
@@ -366,6 +392,7 @@ impl TypedStage for Rollout {
             });
         }
         out.extend(needs_checkpoint(p.policy, inputs));
+        out.extend(needs_endpoint(p.policy, p.openai.as_ref()));
         out
     }
     fn code() -> &'static str {
@@ -435,6 +462,11 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
             let model = crate::neural::load_policy(ctx, "checkpoint", p.backend).await?;
             let expert = set.expert(ExpertSpec { delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed }, &limits);
             Arc::new(crate::neural::PacedExpert { expert, model: Arc::new(model), rec: set.vocab().id("<rec>") })
+        }
+        PolicyKind::OpenAi => {
+            let endpoint = p.openai.clone().ok_or_else(|| anyhow::anyhow!("`policy: openai` needs an `openai` block"))?;
+            let api = Arc::new(ChatApi::new(endpoint, &ctx.base_dir)?);
+            Arc::new(OpenAiPolicy::new(api, set.episode(0), p.temperature))
         }
         PolicyKind::Gold => anyhow::bail!("`policy: gold` replays each task's own trajectory (`gold_trees`), not one policy for all"),
     })

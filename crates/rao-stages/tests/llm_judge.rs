@@ -85,7 +85,7 @@ async fn judges_over_http_with_retries_cache_and_no_key_leak() {
         concurrency: 2,
         cache_dir: cache.path().display().to_string(),
     };
-    let judge = Arc::new(LlmJudge::new(params.clone(), cache.path().to_path_buf()).unwrap());
+    let judge = Arc::new(LlmJudge::new(params.clone(), cache.path()).unwrap());
     let mut nodes = vec![node("M t1 i1", "finished"), node("M t1 i2", "step_budget"), node("M t2 i0", "finished")];
     let stats = judge.score_nodes(&mut nodes).await.unwrap();
     assert_eq!(nodes.iter().map(|n| n.score).collect::<Vec<_>>(), vec![1.0, 0.0, 1.0]);
@@ -94,7 +94,7 @@ async fn judges_over_http_with_retries_cache_and_no_key_leak() {
     // Same content again: answered from the cache, no request sent.
     let before = requests.load(Ordering::SeqCst);
     let mut again = vec![node("M t1 i1", "finished"), node("M t1 i2", "step_budget"), node("M t2 i0", "finished")];
-    let stats = Arc::new(LlmJudge::new(params, cache.path().to_path_buf()).unwrap()).score_nodes(&mut again).await.unwrap();
+    let stats = Arc::new(LlmJudge::new(params, cache.path()).unwrap()).score_nodes(&mut again).await.unwrap();
     assert_eq!(stats.cache_hits, 3);
     assert_eq!(requests.load(Ordering::SeqCst), before);
     // The key appears in no file the judge wrote.

@@ -279,6 +279,35 @@ impl Episode for TextCraftEpisode {
         [vec![BOS, mode, d], goal.to_vec()].concat()
     }
 
+    fn view(&self, ctx: &[Tok]) -> Option<crate::node::NodeView> {
+        super::expert::parse_context(&self.world, ctx)
+    }
+
+    fn instructions(&self, recursive: bool) -> String {
+        let exact = if self.world.rules == Rules::Original {
+            "- `craft ITEM N from ING A , ING A`: the exact recipe: N units of ITEM from exactly these ingredients \
+             (A units each; a recipe that names a tag takes any one of its members).\n"
+        } else {
+            ""
+        };
+        let launch = "`spawn ITEM [N] , ITEM [N]` launches one sub-agent per item to make it (in the shared \
+                      inventory); each reports `ok` (made) or `fail`.";
+        format!(
+            "You craft items in TextCraft. An item is named by its words (e.g. `M t3 i8`); a count follows a name \
+             (no count means 1). Your goal names the items to make. Every agent of this task shares one inventory.\n\
+             Actions:\n\
+             - `info ITEM`: its recipes: `x N` when one craft makes N units, then the ingredients with counts, `or` \
+             between recipes; `base` for an item nobody crafts; `have N` for the units held.\n\
+             - `craft ITEM [N]`: make N units from ingredients in the inventory: `ok`, or `err need ITEM N` for what is short.\n\
+             {exact}\
+             - `inv`: what the inventory holds.\n\
+             - `finish`: you are done; you succeed if your goal's units were made.\n\
+             {}\n{}",
+            crate::text::recursion_help(recursive, launch),
+            crate::text::REPLY_FORMAT
+        )
+    }
+
     fn step(&self, goal: &[Tok], action: &[Tok], recursive: bool) -> StepOutput {
         let lang = self.lang();
         let parsed = match lang.parse(action) {

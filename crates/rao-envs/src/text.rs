@@ -1,0 +1,103 @@
+//! Environments in text, for language models: a node's context as a chat conversation (the
+//! environment's instructions, the goal, then each action as the assistant's turn and each
+//! observation as the user's), and a model's reply read back as an action. One definition serves
+//! both forms: the text is the environment's own words, so a text action parses to exactly the
+//! tokens the compact policy would have produced, and back.
+
+use crate::env::Episode;
+use crate::node::NodeView;
+use crate::vocab::{BOS, EOS, OBS, PAD, Tok, Vocab};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+/// One chat message, as OpenAI-compatible APIs and chat templates take it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Message {
+    pub role: Role,
+    pub content: String,
+}
+
+impl Message {
+    fn new(role: Role, content: String) -> Self {
+        Message { role, content }
+    }
+}
+
+/// Tokens as text: the words separated by spaces, markers (`<bos>`, `<eos>`, `<obs>`) left out.
+pub fn words(vocab: &Vocab, toks: &[Tok]) -> String {
+    toks.iter().filter(|&&t| !matches!(t, PAD | BOS | EOS | OBS)).map(|&t| vocab.word(t)).collect::<Vec<_>>().join(" ")
+}
+
+/// A node's context as a conversation, or `None` if it is not one (no prompt).
+pub fn conversation(episode: &dyn Episode, ctx: &[Tok]) -> Option<Vec<Message>> {
+    let NodeView { recursive, depth, goal, turns } = episode.view(ctx)?;
+    let vocab = episode.vocab();
+    let mut out = vec![
+        Message::new(Role::System, episode.instructions(recursive)),
+        Message::new(Role::User, format!("Goal: {}\n(You are at depth {depth}.)", words(vocab, &goal))),
+    ];
+    for (action, observation) in turns {
+        out.push(Message::new(Role::Assistant, words(vocab, &action)));
+        if !observation.is_empty() {
+            out.push(Message::new(Role::User, words(vocab, &observation)));
+        }
+    }
+    Some(out)
+}
+
+/// Why a reply is not an action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyError {
+    Empty,
+    /// A word the environment does not know (quoted as the reply wrote it).
+    UnknownWord(String),
+}
+
+impl std::fmt::Display for ReplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplyError::Empty => write!(f, "the reply holds no action"),
+            ReplyError::UnknownWord(w) => write!(f, "`{w}` is not a word of this environment"),
+        }
+    }
+}
+
+/// A model's reply as an action (without `<eos>`): its first non-empty line, words separated by
+/// spaces (a comma may touch the word before it). Whether the words make a valid action is the
+/// environment's to say, as for any action.
+pub fn parse_reply(vocab: &Vocab, reply: &str) -> Result<Vec<Tok>, ReplyError> {
+    let line = reply.lines().map(str::trim).find(|l| !l.is_empty()).ok_or(ReplyError::Empty)?;
+    let mut out = Vec::new();
+    for word in line.replace(',', " , ").split_whitespace() {
+        match vocab.get(word) {
+            Some(t) if !matches!(t, PAD | BOS | EOS | OBS) => out.push(t),
+            _ => return Err(ReplyError::UnknownWord(word.to_string())),
+        }
+    }
+    Ok(out)
+}
+
+/// What the instructions of every environment say about sub-agents and refusals.
+pub fn recursion_help(recursive: bool, launch: &str) -> String {
+    if recursive {
+        format!(
+            "You may delegate: {launch} Each sub-agent is a copy of you that starts fresh with only its own goal, \
+             works while you wait, and reports back when it finishes. A launch is refused with `err depth`, \
+             `err children`, `err nodes` (too deep, too many children, too many agents in all) or `err self` \
+             (a sub-agent with your own goal)."
+        )
+    } else {
+        "You work alone: there are no sub-agents.".to_string()
+    }
+}
+
+/// The reply format, the same for every environment.
+pub const REPLY_FORMAT: &str = "Reply with exactly one action on one line and nothing else. Write words and \
+numbers exactly as shown, separated by single spaces; numbers are written digit by digit (twelve is `1 2`). \
+An action that does not parse is answered with `err syntax`.";

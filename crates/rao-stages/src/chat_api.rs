@@ -1,0 +1,143 @@
+//! One client for OpenAI-compatible chat-completions endpoints (vLLM, SGLang, llama.cpp server,
+//! ollama, hosted APIs), shared by the LLM judge and the `openai` policy: timeouts, retries with
+//! backoff on 5xx/429/network errors, a concurrency limit, and a cache of answers keyed by the
+//! hash of the whole request. The API key is read from the environment variable the pipeline
+//! names and never written anywhere.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChatEndpoint {
+    /// Base URL of the API, e.g. `http://127.0.0.1:8000/v1` (`/chat/completions` is appended).
+    pub base_url: String,
+    pub model: String,
+    /// Name of the environment variable holding the API key (the key itself never appears in files).
+    #[serde(default = "default_key_env")]
+    pub api_key_env: String,
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// Requests in flight at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// Answer cache directory (relative to the pipeline file).
+    #[serde(default = "default_cache")]
+    pub cache_dir: String,
+}
+
+fn default_key_env() -> String {
+    "OPENAI_API_KEY".into()
+}
+fn default_timeout() -> f64 {
+    30.0
+}
+fn default_retries() -> u32 {
+    3
+}
+fn default_concurrency() -> usize {
+    4
+}
+fn default_cache() -> String {
+    ".rao/chat-cache".into()
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ApiStats {
+    /// HTTP requests sent (retries included).
+    pub calls: usize,
+    pub cache_hits: usize,
+}
+
+pub struct ChatApi {
+    pub endpoint: ChatEndpoint,
+    client: reqwest::Client,
+    key: Option<String>,
+    cache: PathBuf,
+    permits: tokio::sync::Semaphore,
+    stats: Mutex<ApiStats>,
+}
+
+impl ChatApi {
+    /// `base_dir`: where a relative `cache_dir` lives (the pipeline file's directory).
+    pub fn new(endpoint: ChatEndpoint, base_dir: &Path) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            endpoint.timeout_s.is_finite() && endpoint.timeout_s > 0.0 && endpoint.timeout_s <= 86_400.0,
+            "timeout_s must be a positive number of seconds, at most a day (got {})",
+            endpoint.timeout_s
+        );
+        let client = reqwest::Client::builder().timeout(Duration::from_secs_f64(endpoint.timeout_s)).build()?;
+        let key = std::env::var(&endpoint.api_key_env).ok();
+        let cache = base_dir.join(&endpoint.cache_dir);
+        std::fs::create_dir_all(&cache)?;
+        let permits = tokio::sync::Semaphore::new(endpoint.concurrency.max(1));
+        Ok(ChatApi { endpoint, client, key, cache, permits, stats: Mutex::new(ApiStats::default()) })
+    }
+
+    pub fn stats(&self) -> ApiStats {
+        *self.stats.lock().unwrap()
+    }
+
+    /// The first choice's message content for `body` (`model` is filled in). `accept` says
+    /// whether an answer is usable: an unusable one is an error and is not cached.
+    pub async fn complete(&self, mut body: Value, accept: impl Fn(&str) -> bool) -> anyhow::Result<String> {
+        body["model"] = Value::String(self.endpoint.model.clone());
+        let hash = blake3::hash(body.to_string().as_bytes()).to_hex().to_string();
+        let cached = self.cache.join(format!("{hash}.json"));
+        if let Ok(text) = std::fs::read_to_string(&cached)
+            && let Ok(v) = serde_json::from_str::<Value>(&text)
+            && let Some(answer) = v["answer"].as_str()
+            && accept(answer)
+        {
+            self.stats.lock().unwrap().cache_hits += 1;
+            return Ok(answer.to_string());
+        }
+        let _permit = self.permits.acquire().await.expect("the semaphore is never closed");
+        let url = format!("{}/chat/completions", self.endpoint.base_url.trim_end_matches('/'));
+        let mut last_err = String::new();
+        for attempt in 0..=self.endpoint.retries {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(200 * (1 << (attempt - 1).min(5)))).await;
+            }
+            let mut req = self.client.post(&url).json(&body);
+            if let Some(k) = &self.key {
+                req = req.bearer_auth(k);
+            }
+            self.stats.lock().unwrap().calls += 1;
+            match req.send().await {
+                Ok(resp) if resp.status().is_success() => {
+                    let v: Value = match resp.json().await {
+                        Ok(v) => v,
+                        Err(e) => {
+                            last_err = format!("the answer is not JSON: {e}");
+                            continue;
+                        }
+                    };
+                    let Some(text) = v["choices"][0]["message"]["content"].as_str() else {
+                        last_err = "the answer has no choices[0].message.content".into();
+                        continue;
+                    };
+                    anyhow::ensure!(accept(text), "{url} answered something unusable: {text:.200}");
+                    let tmp = cached.with_extension("tmp");
+                    std::fs::write(&tmp, serde_json::json!({ "answer": text }).to_string())?;
+                    std::fs::rename(&tmp, &cached)?;
+                    return Ok(text.to_string());
+                }
+                Ok(resp) if resp.status().is_server_error() || resp.status().as_u16() == 429 => {
+                    last_err = format!("HTTP {}", resp.status())
+                }
+                Ok(resp) => anyhow::bail!("{url} answered HTTP {} (not retried)", resp.status()),
+                // reqwest's errors name the URL, never the headers: the key stays out of logs.
+                Err(e) => last_err = e.to_string(),
+            }
+        }
+        anyhow::bail!("{url} failed after {} attempts: {last_err}", self.endpoint.retries + 1)
+    }
+}

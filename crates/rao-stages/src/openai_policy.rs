@@ -1,0 +1,82 @@
+//! `policy: openai`: any model behind an OpenAI-compatible chat-completions endpoint acts as the
+//! policy. Each live node's context goes out as a conversation in the environment's text form
+//! (`rao_envs::text`), the reply's first line is read back as the action's tokens, and the trees
+//! are the same node table as any rollout's. Replies are cached by the whole request (model,
+//! messages, temperature, seed), so a rerun with the same seed sends nothing and gives the same
+//! trees.
+//!
+//! What the trees hold: the action's environment tokens (the reply parsed), with log-prob 0 —
+//! the endpoint's own tokens and log-probs are not recorded, so these trees serve evaluation and
+//! demonstrations, not a policy-gradient update of that model. A reply that is not an action of
+//! the environment, and a request that fails after its retries, become an empty action, which the
+//! environment answers with `err syntax`: the node goes on, and the run never fails for it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures::future::BoxFuture;
+use rao_agent::policy::{Request, Response, finish_action};
+use rao_envs::Episode;
+use rao_envs::text::{conversation, parse_reply};
+use serde_json::json;
+
+use crate::chat_api::ChatApi;
+
+/// Most tokens a reply may take (one action on one line needs far fewer).
+const MAX_REPLY_TOKENS: u32 = 64;
+
+pub struct OpenAiPolicy {
+    api: Arc<ChatApi>,
+    /// Any episode of the task set: the text form (instructions, layout, words) is the
+    /// environment's, the same for every task.
+    text_form: Arc<dyn Episode>,
+    temperature: f64,
+    /// Replies that were not an action, and requests that failed after their retries.
+    pub unusable: AtomicUsize,
+    pub failed: AtomicUsize,
+}
+
+impl OpenAiPolicy {
+    pub fn new(api: Arc<ChatApi>, text_form: Arc<dyn Episode>, temperature: f64) -> Self {
+        OpenAiPolicy { api, text_form, temperature, unusable: AtomicUsize::new(0), failed: AtomicUsize::new(0) }
+    }
+
+    async fn act_one(&self, r: Request) -> Response {
+        let Some(messages) = conversation(self.text_form.as_ref(), &r.context) else {
+            self.unusable.fetch_add(1, Ordering::Relaxed);
+            return finish_action(vec![], r.max_new_tokens, 0.0);
+        };
+        let body = json!({
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": MAX_REPLY_TOKENS,
+            // Honoured by vLLM, SGLang, llama.cpp and OpenAI; part of the cache key either way.
+            "seed": r.seed,
+        });
+        let action = match self.api.complete(body, |_| true).await {
+            Ok(reply) => parse_reply(self.text_form.vocab(), &reply).unwrap_or_else(|_| {
+                self.unusable.fetch_add(1, Ordering::Relaxed);
+                vec![]
+            }),
+            Err(e) => {
+                note_failure(&e);
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                vec![]
+            }
+        };
+        finish_action(action, r.max_new_tokens, 0.0)
+    }
+}
+
+/// Failed requests are counted; the first is shown on stderr (the run goes on).
+fn note_failure(e: &anyhow::Error) {
+    static SHOWN: std::sync::Once = std::sync::Once::new();
+    SHOWN.call_once(|| eprintln!("policy: openai: {e:#} (the node sees `err syntax` and goes on; further failures are counted)"));
+}
+
+impl rao_agent::Policy for OpenAiPolicy {
+    fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
+        // Requests of one round go out together (the client's concurrency limit paces them).
+        Box::pin(futures::future::join_all(batch.into_iter().map(|r| self.act_one(r))))
+    }
+}

@@ -1,0 +1,231 @@
+//! `policy: openai` against a real HTTP server on 127.0.0.1, in every environment: the server
+//! answers each conversation with the scripted expert's action for that context (a table made
+//! from the expert's own trees, in the environment's text form), so the trees through HTTP must
+//! be the expert's trees exactly — the text rendering, the reply parsing and the round trip
+//! through the chat API are all checked by one equality. Also: a 500 costs a retry, a rerun is
+//! answered from the cache, and an endpoint that is down costs the nodes `err syntax`, never the
+//! run.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rao_agent::RunMeta;
+use rao_core::NodeRecord;
+use rao_envs::text::{self, conversation, parse_reply};
+use rao_envs::{Tok, longdoc, multihop, textcraft};
+use rao_stages::chat_api::{ChatApi, ChatEndpoint};
+use rao_stages::envs::longdoc::LongDocSet;
+use rao_stages::envs::multihop::MultiHopSet;
+use rao_stages::envs::{ExpertSpec, TaskSet};
+use rao_stages::openai_policy::OpenAiPolicy;
+use rao_stages::rollout::{LimitParams, Mode, rollout_trees};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// The conversation as the server sees it: the JSON of its messages.
+fn key(messages: &serde_json::Value) -> String {
+    messages.to_string()
+}
+
+/// What the expert answered at each context of its trees, keyed by the conversation.
+fn expert_table(set: &dyn TaskSet, trees: &[Vec<NodeRecord>]) -> HashMap<String, String> {
+    let episode = set.episode(0);
+    let mut table = HashMap::new();
+    for n in trees.iter().flatten() {
+        let mut ctx: Vec<Tok> = n.prompt_ids.clone();
+        for t in &n.turns {
+            let messages = conversation(episode.as_ref(), &ctx).expect("a node's context is a conversation");
+            table.insert(key(&serde_json::to_value(&messages).unwrap()), text::words(set.vocab(), &t.completion_ids));
+            ctx.extend(&t.completion_ids);
+            ctx.extend(&t.observation_ids);
+        }
+    }
+    table
+}
+
+/// An OpenAI-compatible endpoint that answers from `table` (500 on its very first request).
+async fn serve(listener: TcpListener, table: Arc<HashMap<String, String>>, requests: Arc<AtomicUsize>) {
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else { return };
+        let (table, requests) = (table.clone(), requests.clone());
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 8192];
+            let (head, body_start) = loop {
+                let n = sock.read(&mut chunk).await.unwrap();
+                if n == 0 {
+                    return;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break (String::from_utf8_lossy(&buf[..i]).to_string(), i + 4);
+                }
+            };
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                .unwrap_or(0);
+            while buf.len() < body_start + len {
+                let n = sock.read(&mut chunk).await.unwrap();
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let body: serde_json::Value = serde_json::from_slice(&buf[body_start..body_start + len]).unwrap();
+            let (status, reply) = if requests.fetch_add(1, Ordering::SeqCst) == 0 {
+                ("500 Internal Server Error", "{}".to_string())
+            } else {
+                let content = table.get(&key(&body["messages"])).cloned().unwrap_or_else(|| "I am not sure what to do.".into());
+                ("200 OK", serde_json::json!({"choices": [{"message": {"role": "assistant", "content": content}}]}).to_string())
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+            sock.write_all(resp.as_bytes()).await.unwrap();
+        });
+    }
+}
+
+fn endpoint(base_url: String, cache: &std::path::Path, retries: u32) -> ChatEndpoint {
+    ChatEndpoint {
+        base_url,
+        model: "expert-replay".into(),
+        api_key_env: "RAO_TEST_NO_SUCH_KEY".into(),
+        timeout_s: 5.0,
+        retries,
+        concurrency: 8,
+        cache_dir: cache.display().to_string(),
+    }
+}
+
+/// What must match between two rollouts of the same tasks (not the clocks).
+fn shape(trees: &[Vec<NodeRecord>]) -> Vec<(String, i32, Option<i32>, String, Vec<(Vec<u32>, Vec<u32>)>, String, u64)> {
+    trees
+        .iter()
+        .flatten()
+        .map(|n| {
+            let turns = n.turns.iter().map(|t| (t.completion_ids.clone(), t.observation_ids.clone())).collect();
+            (n.task_id.clone(), n.node_id, n.parent_id, n.goal.clone(), turns, n.status.clone(), n.score.to_bits())
+        })
+        .collect()
+}
+
+async fn replay(set: &dyn TaskSet) {
+    let limits = LimitParams::default().limits(Mode::Recursive);
+    let meta = RunMeta { run: "openai-test".into(), iteration: 0, env: set.env().into() };
+    let tasks = set.all();
+    let expert = set.expert(ExpertSpec { delegate: 1.0, noise: 0.0, seed: 7 }, &limits);
+    let want = rollout_trees(set, &tasks, expert, Mode::Recursive, 1, limits.clone(), meta.clone(), 7).await;
+    assert!(want.iter().flatten().any(|n| n.parent_id.is_some()), "{}: the expert delegates, so sub-agents are covered", set.env());
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(serve(listener, Arc::new(expert_table(set, &want)), requests.clone()));
+    let cache = tempfile::tempdir().unwrap();
+    let run = || async {
+        let api = Arc::new(ChatApi::new(endpoint(format!("http://{addr}/v1"), cache.path(), 2), cache.path()).unwrap());
+        let policy = Arc::new(OpenAiPolicy::new(api.clone(), set.episode(0), 0.0));
+        let trees = rollout_trees(set, &tasks, policy.clone(), Mode::Recursive, 1, limits.clone(), meta.clone(), 7).await;
+        (trees, api.stats(), policy.unusable.load(Ordering::SeqCst), policy.failed.load(Ordering::SeqCst))
+    };
+    let (got, stats, unusable, failed) = run().await;
+    assert_eq!((unusable, failed), (0, 0), "{}: every reply parsed", set.env());
+    assert_eq!(shape(&got), shape(&want), "{}: the trees through HTTP are the expert's", set.env());
+    let actions = want.iter().flatten().map(|n| n.turns.len()).sum::<usize>();
+    assert_eq!(stats.calls, actions + 1, "{}: one request per action, plus the retry after the 500", set.env());
+
+    // Again: every answer comes from the cache, nothing is sent, the trees are the same.
+    let before = requests.load(Ordering::SeqCst);
+    let (again, stats, _, _) = run().await;
+    assert_eq!((stats.calls, stats.cache_hits), (0, actions), "{}", set.env());
+    assert_eq!(requests.load(Ordering::SeqCst), before);
+    assert_eq!(shape(&again), shape(&want));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_replaying_the_expert_gives_the_experts_trees_in_every_environment() {
+    let world = Arc::new(textcraft::generate(&textcraft::SynthConfig::small(), 3));
+    let tasks = textcraft::synthesize(&world, textcraft::Band::Medium, 3, true, 3);
+    replay(&rao_stages::envs::textcraft::task_set(&world, &tasks)).await;
+
+    let doc = longdoc::DocConfig { min_lines: 20, max_lines: 60, ..Default::default() };
+    let set = LongDocSet { lang: Arc::new(longdoc::Lang::new(&doc)), tasks: longdoc::synthesize(&doc, 3, true, 3) };
+    replay(&set).await;
+
+    let graph = multihop::generate(&multihop::GraphConfig::default(), 3);
+    let tasks = multihop::synthesize(&graph, (3, 3), 3, true, 3);
+    replay(&MultiHopSet { lang: Arc::new(multihop::Lang::new(graph)), tasks }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_is_down_costs_the_nodes_a_syntax_error_not_the_run() {
+    let world = Arc::new(textcraft::generate(&textcraft::SynthConfig::small(), 3));
+    let tasks = textcraft::synthesize(&world, textcraft::Band::Easy, 2, true, 3);
+    let set = rao_stages::envs::textcraft::task_set(&world, &tasks);
+    // A port nothing listens on.
+    let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+    let cache = tempfile::tempdir().unwrap();
+    let api = Arc::new(ChatApi::new(endpoint(format!("http://127.0.0.1:{port}/v1"), cache.path(), 1), cache.path()).unwrap());
+    let policy = Arc::new(OpenAiPolicy::new(api.clone(), set.episode(0), 0.0));
+    let mut limits = LimitParams::default().limits(Mode::Recursive);
+    limits.step_budget = 3;
+    limits.root_step_budget = None;
+    let meta = RunMeta { run: "down".into(), iteration: 0, env: "textcraft".into() };
+    let trees = rollout_trees(&set, &set.all(), policy.clone(), Mode::Recursive, 1, limits, meta, 1).await;
+    let nodes: Vec<&NodeRecord> = trees.iter().flatten().collect();
+    assert_eq!(nodes.len(), 2, "one root per task, nothing launched");
+    let syntax = world.vocab.ids("err syntax");
+    for n in nodes {
+        assert_eq!(n.turns.len(), 3, "the step budget ran out");
+        assert!(n.turns.iter().all(|t| t.observation_ids[1..] == syntax[..]));
+        assert_eq!(n.score, 0.0);
+    }
+    assert_eq!(policy.failed.load(Ordering::SeqCst), 6);
+    assert_eq!(api.stats().calls, 12, "each request tried twice (one retry)");
+}
+
+#[test]
+fn replies_parse_to_the_environments_tokens() {
+    let world = textcraft::generate(&textcraft::SynthConfig::small(), 3);
+    let v = &world.vocab;
+    let item = world.items.iter().find(|i| !i.is_base()).unwrap();
+    let name = v.text(&item.tokens);
+    let want = |s: &str| v.ids(s);
+    assert_eq!(parse_reply(v, &format!("craft {name} 1 2")).unwrap(), want(&format!("craft {name} 1 2")));
+    // The first non-empty line; surrounding space; a comma touching the word before it.
+    assert_eq!(parse_reply(v, &format!("\n  spawn {name} 2, {name}  \nthen finish")).unwrap(), want(&format!("spawn {name} 2 , {name}")));
+    assert_eq!(parse_reply(v, "craft wood"), Err(text::ReplyError::UnknownWord("wood".into())));
+    assert_eq!(parse_reply(v, "finish <eos>"), Err(text::ReplyError::UnknownWord("<eos>".into())));
+    assert_eq!(parse_reply(v, " \n "), Err(text::ReplyError::Empty));
+    // The text of an action parses back to the action.
+    let action = want(&format!("spawn {name} 3 , {name}"));
+    assert_eq!(parse_reply(v, &text::words(v, &action)).unwrap(), action);
+}
+
+#[test]
+fn a_conversation_starts_with_the_instructions_and_the_goal_then_alternates() {
+    let doc = longdoc::DocConfig { min_lines: 20, max_lines: 40, ..Default::default() };
+    let set = LongDocSet { lang: Arc::new(longdoc::Lang::new(&doc)), tasks: longdoc::synthesize(&doc, 1, true, 1) };
+    let ep = set.episode(0);
+    let goal = ep.root_goal();
+    let v = ep.vocab();
+    let mut ctx = ep.prompt(&goal, 0, true);
+    let first = conversation(ep.as_ref(), &ctx).unwrap();
+    assert_eq!(first.len(), 2);
+    assert!(first[0].content.contains("`split K`"), "recursive instructions describe launching: {}", first[0].content);
+    assert!(first[1].content.starts_with(&format!("Goal: {}", text::words(v, &goal))));
+    let flat = conversation(ep.as_ref(), &ep.prompt(&goal, 0, false)).unwrap();
+    assert!(!flat[0].content.contains("`split K`") && flat[0].content.contains("no sub-agents"));
+    ctx.extend(v.ids("read 0 0 0 0 0 2 <eos>"));
+    let obs = ep.step(&goal, &v.ids("read 0 0 0 0 0 2"), true);
+    let rao_envs::Step::Observe(obs) = obs.step else { panic!("a read is observed") };
+    ctx.extend(&obs);
+    let c = conversation(ep.as_ref(), &ctx).unwrap();
+    let roles: Vec<_> = c.iter().map(|m| m.role).collect();
+    use rao_envs::text::Role::*;
+    assert_eq!(roles, vec![System, User, Assistant, User]);
+    assert_eq!(c[2].content, "read 0 0 0 0 0 2");
+    assert_eq!(c[3].content, text::words(v, &obs));
+    assert!(!c[3].content.contains("<obs>"));
+}
