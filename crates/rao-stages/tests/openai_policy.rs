@@ -98,8 +98,11 @@ fn endpoint(base_url: String, cache: &std::path::Path, retries: u32) -> ChatEndp
     }
 }
 
-/// What must match between two rollouts of the same tasks (not the clocks).
-fn shape(trees: &[Vec<NodeRecord>]) -> Vec<(String, i32, Option<i32>, String, Vec<(Vec<u32>, Vec<u32>)>, String, u64)> {
+/// A node as two rollouts of the same tasks must agree on it: task, node, parent, goal, each
+/// turn's completion and observation tokens, status, score bits (not the clocks).
+type NodeShape = (String, i32, Option<i32>, String, Vec<(Vec<u32>, Vec<u32>)>, String, u64);
+
+fn shape(trees: &[Vec<NodeRecord>]) -> Vec<NodeShape> {
     trees
         .iter()
         .flatten()
@@ -115,7 +118,7 @@ async fn replay(set: &dyn TaskSet) {
     let meta = RunMeta { run: "openai-test".into(), iteration: 0, env: set.env().into() };
     let tasks = set.all();
     let expert = set.expert(ExpertSpec { delegate: 1.0, noise: 0.0, seed: 7 }, &limits);
-    let want = rollout_trees(set, &tasks, expert, Mode::Recursive, 1, limits.clone(), meta.clone(), 7).await;
+    let want = rollout_trees(set, &tasks, expert, Mode::Recursive, 1, limits, meta.clone(), 7).await;
     assert!(want.iter().flatten().any(|n| n.parent_id.is_some()), "{}: the expert delegates, so sub-agents are covered", set.env());
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -126,7 +129,7 @@ async fn replay(set: &dyn TaskSet) {
     let run = || async {
         let api = Arc::new(ChatApi::new(endpoint(format!("http://{addr}/v1"), cache.path(), 2), cache.path()).unwrap());
         let policy = Arc::new(OpenAiPolicy::new(api.clone(), set.episode(0), 0.0));
-        let trees = rollout_trees(set, &tasks, policy.clone(), Mode::Recursive, 1, limits.clone(), meta.clone(), 7).await;
+        let trees = rollout_trees(set, &tasks, policy.clone(), Mode::Recursive, 1, limits, meta.clone(), 7).await;
         (trees, api.stats(), policy.unusable.load(Ordering::SeqCst), policy.failed.load(Ordering::SeqCst))
     };
     let (got, stats, unusable, failed) = run().await;
