@@ -328,6 +328,54 @@ stages:
     assert_eq!(manifest["metrics"]["kept_step"].as_f64(), Some(latest_best as f64));
 }
 
+/// `demo_trees`: a warm start learns from the successful nodes of trees another policy made (here
+/// the expert's rollout stands in for, say, a `policy: openai` evaluation): each node that solved
+/// its own goal is one demonstration, and nothing else is.
+#[test]
+fn warm_start_takes_demonstrations_from_trees() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = concat!(
+        r#"
+name: demo-trees
+seed: 4
+params:
+  limits: {window: 64, max_depth: 0, max_children: 1, max_nodes: 1, step_budget: 4}
+stages:
+"#,
+        tier1_demo_and_gate_tasks!(),
+        r#"  others:
+    kind: rollout
+    inputs: {tasks: demo_tasks.tasks}
+    params: {policy: expert, mode: flat, group_size: 1, expert: {noise: 0.5}, limits: "${params.limits}"}
+  warmstart:
+    kind: warmstart
+    inputs: {tasks: demo_tasks.tasks, gate_tasks: gate_tasks.tasks, demo_trees: others.trees}
+    params:
+      model: {d_model: 32, n_layers: 1, n_heads: 2, d_ff: 64}
+      limits: "${params.limits}"
+      demos: {recursive_trees: 0, flat_trees: 0}
+      max_steps: 10
+      eval_every: 10
+      batch: 16
+      gate: {required: false}
+"#
+    );
+    std::fs::write(dir.path().join("dt.yaml"), pipeline).unwrap();
+    let o = rao(&["run", "dt.yaml", "--store", "s"], dir.path());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (_, trees) = files_named(&dir.path().join("s"), "trees.parquet").into_iter().next().expect("the rollout's trees");
+    let nodes = rao_core::parquet_io::nodes_from_parquet(std::fs::read(trees).unwrap().into()).unwrap();
+    let solved = nodes.iter().filter(|n| n.score >= 1.0).count();
+    assert!(solved > 0 && solved < nodes.len(), "noise 0.5 leaves some nodes unsolved: {solved} of {}", nodes.len());
+    let idx: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("s/index/demo-trees/warmstart.json")).unwrap()).unwrap();
+    let fp = idx["fingerprint"].as_str().unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join(format!("s/objects/{}/{fp}/MANIFEST.json", &fp[..2]))).unwrap()).unwrap();
+    assert_eq!(manifest["metrics"]["demo_sequences_from_trees"].as_f64(), Some(solved as f64), "{manifest}");
+    assert_eq!(manifest["metrics"]["demo_sequences"].as_f64(), Some(solved as f64));
+}
+
 /// A warm start killed with `kill -9` at a random step resumes from its saved progress and ends
 /// with the same bits as one that never stopped.
 #[test]

@@ -1,6 +1,7 @@
 //! `warmstart`: supervised next-token training on the scripted expert's demonstrations (a mix of
-//! flat and recursive behaviour with noise) until the policy copies item names reliably: a gate
-//! checks node success on held-out shallow tasks before RL may start.
+//! flat and recursive behaviour with noise) — and, from an optional `demo_trees` input, on the
+//! successful nodes of trees any policy made — until the policy copies item names reliably: a
+//! gate checks node success on held-out shallow tasks before RL may start.
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use serde::Deserialize;
 use crate::envs::{self, ExpertSpec, TaskSet};
 use crate::neural::{NeuralPolicy, write_checkpoint};
 use crate::rollout::{LimitParams, Mode, rollout_trees, tree_metrics};
-use crate::training::node_sequence;
+use crate::training::{node_sequence, read_trees};
 
 #[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -135,6 +136,30 @@ fn every() -> usize {
     250
 }
 
+/// Demonstrations from trees any policy made (e.g. `policy: openai` evaluations): every node
+/// that solved its own goal (score 1), as the sequence it acted — whatever happened to its root.
+/// The trees must be of this environment, in its vocabulary.
+pub fn demos_from_trees(set: &dyn TaskSet, nodes: &[rao_core::NodeRecord]) -> anyhow::Result<Vec<Sequence>> {
+    let mut out = Vec::new();
+    for n in nodes.iter().filter(|n| n.score >= 1.0) {
+        anyhow::ensure!(
+            n.env.is_empty() || n.env == set.env(),
+            "`demo_trees` holds {} trees (task {}) but the tasks are {}",
+            n.env,
+            n.task_id,
+            set.env()
+        );
+        let s = node_sequence(n, set.vocab(), 1.0);
+        if let Some(t) = s.tokens.iter().find(|&&t| t as usize >= set.vocab().len()) {
+            anyhow::bail!("`demo_trees`: node {} of task {} has token {t}, outside this environment's vocabulary", n.node_id, n.task_id);
+        }
+        if s.generated.iter().any(|g| *g) {
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
 /// Recursive rollout of the learned policy on `tasks`: (node success, root success).
 pub async fn gate_check(set: &dyn TaskSet, policy: Arc<Policy>, limits: &LimitParams, seed: u64) -> (f64, f64) {
     let neural = Arc::new(NeuralPolicy::new(policy, set.grammar(limits.max_children as usize), set.vocab(), 1.0));
@@ -234,7 +259,11 @@ impl TypedStage for Warmstart {
     // re-delegates what a refused craft reports missing; 7: fused CPU kernels (new float rounding)
     const VERSION: u32 = 7;
     const DESCRIBE: &'static str = "supervised warm start on noisy expert demonstrations, gated on held-out node success";
-    const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "gate_tasks", required: true }];
+    const INPUTS: &'static [InputDecl] = &[
+        InputDecl { name: "tasks", required: true },
+        InputDecl { name: "gate_tasks", required: true },
+        InputDecl { name: "demo_trees", required: false },
+    ];
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
 
     fn run(ctx: StageContext, p: WarmstartParams) -> BoxFuture<'static, anyhow::Result<()>> {
@@ -254,7 +283,15 @@ impl TypedStage for Warmstart {
                     rollout_trees(set.as_ref(), &all, expert.clone(), mode, g, p.limits.limits(mode), RunMeta::default(), ctx.seed).await;
                 seqs.extend(trees.iter().flatten().map(|n| node_sequence(n, set.vocab(), 1.0)).filter(|s| s.generated.iter().any(|g| *g)));
             }
-            anyhow::ensure!(!seqs.is_empty(), "the expert produced no demonstrations");
+            if ctx.inputs.contains_key("demo_trees") {
+                let from_trees = demos_from_trees(set.as_ref(), &read_trees(&ctx, "demo_trees").await?)?;
+                ctx.set_metric("demo_sequences_from_trees", from_trees.len() as f64);
+                seqs.extend(from_trees);
+            }
+            anyhow::ensure!(
+                !seqs.is_empty(),
+                "no demonstrations: the expert made none (trees 0) and `demo_trees` holds no successful node"
+            );
             ctx.set_metric("demo_sequences", seqs.len() as f64);
             let cfg = ModelConfig { vocab: set.vocab().len(), ..p.model.clone() };
             let grammar = set.grammar(p.limits.max_children as usize);
