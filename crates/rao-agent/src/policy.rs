@@ -34,6 +34,11 @@ pub trait Policy: Send + Sync {
     fn version(&self) -> i32 {
         0
     }
+    /// What the policy counted while acting, as stage metrics (e.g. an endpoint's requests and
+    /// failures); most policies count nothing.
+    fn counters(&self) -> Vec<(&'static str, f64)> {
+        vec![]
+    }
 }
 
 /// Cut an action to the window and close it with `<eos>` if it fits.

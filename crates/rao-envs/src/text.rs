@@ -68,11 +68,19 @@ impl std::fmt::Display for ReplyError {
     }
 }
 
-/// A model's reply as an action (without `<eos>`): its first non-empty line, words separated by
-/// spaces (a comma may touch the word before it). Whether the words make a valid action is the
-/// environment's to say, as for any action.
+/// A model's reply as an action (without `<eos>`): its first line with words, words separated by
+/// spaces (a comma may touch the word before it). What chat models wrap an answer in is set
+/// aside: code-fence lines, backticks or quotes around the action, an `Action:` label. Whether
+/// the words make a valid action is the environment's to say, as for any action.
 pub fn parse_reply(vocab: &Vocab, reply: &str) -> Result<Vec<Tok>, ReplyError> {
-    let line = reply.lines().map(str::trim).find(|l| !l.is_empty()).ok_or(ReplyError::Empty)?;
+    let line = reply
+        .lines()
+        .map(|l| l.trim())
+        .filter(|l| !l.starts_with("```"))
+        .map(|l| l.strip_prefix("Action:").or_else(|| l.strip_prefix("action:")).unwrap_or(l))
+        .map(|l| l.trim().trim_matches(|c| c == '`' || c == '"' || c == '\'').trim())
+        .find(|l| !l.is_empty())
+        .ok_or(ReplyError::Empty)?;
     let mut out = Vec::new();
     for word in line.replace(',', " , ").split_whitespace() {
         match vocab.get(word) {

@@ -217,6 +217,9 @@ impl TypedStage for Evaluate {
                 },
                 None => vec![],
             };
+            for (k, v) in policy.iter().flat_map(|p| p.counters()) {
+                ctx.set_metric(k, v);
+            }
             write_trees(&ctx, "report", &all_nodes)?;
             ctx.write_output("report", "metrics.parquet", &rows_to_parquet(&rows)?)?;
             ctx.write_output("report", "summary.json", serde_json::to_string_pretty(&rows)?.as_bytes())?;

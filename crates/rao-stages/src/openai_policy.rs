@@ -79,4 +79,14 @@ impl rao_agent::Policy for OpenAiPolicy {
         // Requests of one round go out together (the client's concurrency limit paces them).
         Box::pin(futures::future::join_all(batch.into_iter().map(|r| self.act_one(r))))
     }
+
+    fn counters(&self) -> Vec<(&'static str, f64)> {
+        let stats = self.api.stats();
+        vec![
+            ("openai_requests", stats.calls as f64),
+            ("openai_cache_hits", stats.cache_hits as f64),
+            ("openai_unusable_replies", self.unusable.load(Ordering::Relaxed) as f64),
+            ("openai_failed_requests", self.failed.load(Ordering::Relaxed) as f64),
+        ]
+    }
 }

@@ -423,7 +423,22 @@ impl TypedStage for Rollout {
                 PolicyKind::Gold => gold_trees(set.as_ref(), &tasks, p.mode, p.group_size, limits, meta, ctx.seed, &progress).await?,
                 _ => {
                     let policy = make_policy(&ctx, set.as_ref(), &p).await?;
-                    rollout_trees_reporting(set.as_ref(), &tasks, policy, p.mode, p.group_size, limits, meta, ctx.seed, &progress).await
+                    let trees = rollout_trees_reporting(
+                        set.as_ref(),
+                        &tasks,
+                        policy.clone(),
+                        p.mode,
+                        p.group_size,
+                        limits,
+                        meta,
+                        ctx.seed,
+                        &progress,
+                    )
+                    .await;
+                    for (k, v) in policy.counters() {
+                        ctx.set_metric(k, v);
+                    }
+                    trees
                 }
             };
             let metrics = tree_metrics(&trees);

@@ -198,6 +198,11 @@ fn replies_parse_to_the_environments_tokens() {
     assert_eq!(parse_reply(v, &format!("craft {name} 1 2")).unwrap(), want(&format!("craft {name} 1 2")));
     // The first non-empty line; surrounding space; a comma touching the word before it.
     assert_eq!(parse_reply(v, &format!("\n  spawn {name} 2, {name}  \nthen finish")).unwrap(), want(&format!("spawn {name} 2 , {name}")));
+    // What chat models wrap an answer in.
+    assert_eq!(parse_reply(v, &format!("```\ncraft {name} 1 2\n```")).unwrap(), want(&format!("craft {name} 1 2")));
+    assert_eq!(parse_reply(v, &format!("Action: `info {name}`")).unwrap(), want(&format!("info {name}")));
+    assert_eq!(parse_reply(v, "\"finish\"").unwrap(), want("finish"));
+    assert_eq!(parse_reply(v, "I will finish now."), Err(text::ReplyError::UnknownWord("I".into())));
     assert_eq!(parse_reply(v, "craft wood"), Err(text::ReplyError::UnknownWord("wood".into())));
     assert_eq!(parse_reply(v, "finish <eos>"), Err(text::ReplyError::UnknownWord("<eos>".into())));
     assert_eq!(parse_reply(v, " \n "), Err(text::ReplyError::Empty));
