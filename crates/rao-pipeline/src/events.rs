@@ -137,7 +137,9 @@ impl Reporter {
             let t = t0.elapsed().as_secs_f64();
             if let Some(line) = human_line(e) {
                 use std::io::Write;
-                let _ = writeln!(std::io::stderr().lock(), "[{t:7.2}s] {line}");
+                // One write per line: stderr is unbuffered, and `writeln!` would write each
+                // formatted piece separately (ten system calls per line).
+                let _ = std::io::stderr().write_all(format!("[{t:7.2}s] {line}\n").as_bytes());
             }
         })
     }
