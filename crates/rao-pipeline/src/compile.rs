@@ -204,7 +204,10 @@ fn read_pipeline_text(path: &Path) -> Result<String, String> {
 /// Follow `extends` to the pipeline file that has the stages; returns its label and text and the
 /// overrides (outermost variant last) that turn it into the variant.
 fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Result<(String, String, Vec<String>), Diagnostics> {
-    let is_variant = crate::parse::parse::<Value>(&text).ok().is_some_and(|v| v.get("extends").is_some());
+    // A variant names `extends`; a file whose text cannot hold that key (not even spelt with a
+    // YAML escape) is not one, and is not parsed a first time just to find out.
+    let may_be_variant = text.contains("extends") || text.contains('\\');
+    let is_variant = may_be_variant && crate::parse::parse::<Value>(&text).ok().is_some_and(|v| v.get("extends").is_some());
     if !is_variant {
         return Ok((label, text, Vec::new()));
     }
