@@ -145,6 +145,18 @@ enum Command {
         #[arg(long)]
         run_id: Option<String>,
     },
+    /// Serve the policy of a stage instance's `checkpoint` input, acting in the environment of its
+    /// `tasks` input, as an OpenAI-compatible chat-completions API (e.g. `rao serve
+    /// pipelines/textcraft-synth.yaml evaluate`). Its inputs must be done.
+    Serve {
+        #[command(flatten)]
+        p: PipelineArgs,
+        /// The instance whose inputs to serve, e.g. `evaluate` or `rollout@59`.
+        instance: String,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8000")]
+        addr: String,
+    },
     /// Check every manifest of a store and every byte it names (sizes and blake3 hashes).
     Verify {
         /// A pipeline file whose store to check (or give --store).
@@ -546,6 +558,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             if !quiet && !json {
                 println!("{}", serde_json::to_string_pretty(&m)?);
             }
+        }
+        Command::Serve { p, instance, addr } => {
+            let (c, store) = load_read_only(&p, &registry)?;
+            let ctx = rao_pipeline::exec::context_by_name(&c, &store, &instance).await?;
+            anyhow::ensure!(
+                ctx.inputs.contains_key("tasks") && ctx.inputs.contains_key("checkpoint"),
+                "`{instance}` has no `tasks` and `checkpoint` inputs to serve (an `evaluate` or a `rollout` of a checkpoint has)"
+            );
+            let served = std::sync::Arc::new(rao_stages::serve::Served::from_stage(&ctx).await?);
+            let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+            eprintln!("serving `{}` on http://{}/v1 (POST /chat/completions, GET /models)", served.model, listener.local_addr()?);
+            rao_stages::serve::serve(listener, served).await?;
         }
         Command::Inspect { trees, instance, set, store, task, group, mode, band, status, failed, limit } => {
             let bytes = match instance {

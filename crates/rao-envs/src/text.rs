@@ -8,7 +8,7 @@ use crate::env::Episode;
 use crate::node::NodeView;
 use crate::vocab::{BOS, EOS, OBS, PAD, Tok, Vocab};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     System,
@@ -17,7 +17,7 @@ pub enum Role {
 }
 
 /// One chat message, as OpenAI-compatible APIs and chat templates take it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Message {
     pub role: Role,
     pub content: String,
@@ -49,6 +49,51 @@ pub fn conversation(episode: &dyn Episode, ctx: &[Tok]) -> Option<Vec<Message>> 
         }
     }
     Some(out)
+}
+
+/// The node context a conversation of this environment stands for: the inverse of
+/// [`conversation`], checked by rendering it back (anything else is refused, saying what differs).
+pub fn context_of(episode: &dyn Episode, messages: &[Message]) -> Result<Vec<Tok>, String> {
+    let vocab = episode.vocab();
+    let ids = |text: &str| -> Result<Vec<Tok>, String> {
+        text.split_whitespace()
+            .map(|w| {
+                vocab
+                    .get(w)
+                    .filter(|t| !matches!(*t, PAD | BOS | EOS | OBS))
+                    .ok_or_else(|| format!("`{w}` is not a word of this environment"))
+            })
+            .collect()
+    };
+    let [system, first, rest @ ..] = messages else { return Err("a conversation starts with the system and the goal messages".into()) };
+    let recursive = system.content == episode.instructions(true);
+    let goal_text = first.content.strip_prefix("Goal: ").ok_or("the first user message starts with `Goal: `")?;
+    let (goal_words, depth) = goal_text.split_once("\n(You are at depth ").ok_or("the goal message says the depth")?;
+    let depth: u32 = depth.trim_end_matches(".)").parse().map_err(|_| "the depth is not a number".to_string())?;
+    let mut ctx = episode.prompt(&ids(goal_words)?, depth, recursive);
+    for m in rest {
+        match m.role {
+            Role::Assistant => {
+                ctx.extend(ids(&m.content)?);
+                ctx.push(EOS);
+            }
+            Role::User => {
+                ctx.push(OBS);
+                ctx.extend(ids(&m.content)?);
+            }
+            Role::System => return Err("only the first message is the system's".into()),
+        }
+    }
+    match conversation(episode, &ctx) {
+        Some(back) if back == messages => Ok(ctx),
+        Some(back) => {
+            let at = back.iter().zip(messages).position(|(a, b)| a != b).unwrap_or(back.len().min(messages.len()));
+            Err(format!(
+                "message {at} is not what this environment would show there (its instructions, goal and turns as `rao` writes them)"
+            ))
+        }
+        None => Err("not a conversation of this environment".into()),
+    }
 }
 
 /// Why a reply is not an action.

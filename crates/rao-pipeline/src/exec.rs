@@ -337,6 +337,23 @@ pub async fn execute_by_name(
     reporter: &Reporter,
     cancel: CancellationToken,
 ) -> anyhow::Result<Manifest> {
+    let (i, resolved) = resolve_by_name(c, store, name).await?;
+    let (parts, inputs) = match resolved {
+        Resolved::Done(m) => return Ok(m),
+        Resolved::Ready { parts, inputs } => (parts, inputs),
+    };
+    let fingerprint = parts.fingerprint();
+    let job = Job { instance: i, parts, fingerprint, inputs, run_id: run_id.to_string(), forced_at: None, cancel };
+    Ok(execute(c, registry, store, job, reporter).await?.manifest)
+}
+
+/// An instance found by name: done already, or with every input done.
+enum Resolved {
+    Done(Manifest),
+    Ready { parts: FpParts, inputs: BTreeMap<String, Vec<InputArtifact>> },
+}
+
+async fn resolve_by_name(c: &Compiled, store: &Store, name: &str) -> anyhow::Result<(usize, Resolved)> {
     let i = c.instance_index(name).ok_or_else(|| {
         let names: Vec<&str> = c.instances.iter().map(|x| x.name.as_str()).collect();
         anyhow::anyhow!(
@@ -347,14 +364,47 @@ pub async fn execute_by_name(
     })?;
     let snap = crate::snapshot::snapshot(c, store).await?;
     if let Some(m) = &snap.manifests[i] {
-        return Ok(m.clone());
+        return Ok((i, Resolved::Done(m.clone())));
     }
     let parts = snap.parts[i].clone().ok_or_else(|| anyhow::anyhow!("`{name}` depends on a loop that has not finished"))?;
     let inputs = input_artifacts(c, i, |l| snap.loop_exit[l], |j| snap.manifests[j].clone()).ok_or_else(|| {
         let missing: Vec<&str> = c.predecessors(i).filter(|&j| snap.manifests[j].is_none()).map(|j| c.instances[j].name.as_str()).collect();
         anyhow::anyhow!("`{name}` cannot run yet: inputs not done: {}", missing.join(", "))
     })?;
-    let fingerprint = parts.fingerprint();
-    let job = Job { instance: i, parts, fingerprint, inputs, run_id: run_id.to_string(), forced_at: None, cancel };
-    Ok(execute(c, registry, store, job, reporter).await?.manifest)
+    Ok((i, Resolved::Ready { parts, inputs }))
+}
+
+/// The context an instance would run with — its params and its inputs in the store — for a
+/// command that reads those inputs without running the stage (`rao serve`). Its inputs must be
+/// done; nothing is written.
+pub async fn context_by_name(c: &Compiled, store: &Store, name: &str) -> anyhow::Result<StageContext> {
+    let (i, resolved) = resolve_by_name(c, store, name).await?;
+    let inst = &c.instances[i];
+    let (fingerprint, inputs) = match resolved {
+        Resolved::Ready { parts, inputs } => (parts.fingerprint(), inputs),
+        // Done: the inputs it ran with, if they are still there.
+        Resolved::Done(m) => {
+            let snap = crate::snapshot::snapshot(c, store).await?;
+            let inputs = input_artifacts(c, i, |l| snap.loop_exit[l], |j| snap.manifests[j].clone())
+                .ok_or_else(|| anyhow::anyhow!("the inputs of `{name}` are no longer in the store"))?;
+            (m.fingerprint, inputs)
+        }
+    };
+    Ok(StageContext {
+        pipeline: c.name.clone(),
+        instance: inst.name.clone(),
+        fingerprint: fingerprint.clone(),
+        seed: inst.seed,
+        params: crate::secrets::fill_env(&inst.params).map_err(|e| anyhow::anyhow!(e))?,
+        fingerprint_extra: inst.extra.clone(),
+        base_dir: c.base_dir.clone(),
+        inputs,
+        outputs: vec![],
+        store: store.clone(),
+        scratch: std::env::temp_dir().join(format!("rao-read-{}-{fingerprint}", std::process::id())),
+        staging: std::env::temp_dir().join(format!("rao-read-{}-{fingerprint}-staging", std::process::id())),
+        metrics: Arc::new(Mutex::new(BTreeMap::new())),
+        progress: crate::progress::StageProgress::new(&inst.name, Reporter::silent()),
+        cancel: CancellationToken::new(),
+    })
 }

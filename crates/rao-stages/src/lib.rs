@@ -36,6 +36,7 @@ pub mod judge;
 pub mod llm_judge;
 pub mod neural;
 pub mod openai_policy;
+pub mod serve;
 pub mod training;
 pub mod update;
 pub mod warmstart;

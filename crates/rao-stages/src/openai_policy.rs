@@ -42,6 +42,10 @@ impl OpenAiPolicy {
     }
 
     async fn act_one(&self, r: Request) -> Response {
+        if r.max_new_tokens == 0 {
+            // The window is full: nothing to ask (the node overflows, as with any policy).
+            return finish_action(vec![], 0, 0.0);
+        }
         let Some(messages) = conversation(self.text_form.as_ref(), &r.context) else {
             self.unusable.fetch_add(1, Ordering::Relaxed);
             return finish_action(vec![], r.max_new_tokens, 0.0);

@@ -237,3 +237,43 @@ fn a_conversation_starts_with_the_instructions_and_the_goal_then_alternates() {
     assert_eq!(c[3].content, text::words(v, &obs));
     assert!(!c[3].content.contains("<obs>"));
 }
+
+/// `rao serve` and `policy: openai` are a pair: a checkpoint served over HTTP and driven by the
+/// openai policy, greedy, makes the trees the in-process policy makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_openai_against_rao_serve_gives_the_in_process_trees() {
+    use rao_stages::serve::{Served, serve};
+    let world = Arc::new(textcraft::generate(&textcraft::SynthConfig::small(), 5));
+    let mut tasks = textcraft::synthesize(&world, textcraft::Band::Easy, 3, true, 5);
+    tasks.extend(textcraft::synthesize(&world, textcraft::Band::Medium, 2, true, 5));
+    let set: Arc<dyn TaskSet> = Arc::new(rao_stages::envs::textcraft::task_set(&world, &tasks));
+    let limit_params = LimitParams::default();
+    let cfg = rao_policy::ModelConfig { vocab: set.vocab().len(), ..rao_policy::ModelConfig::tiny() };
+    let model = Arc::new(rao_policy::Policy::new(cfg, rao_policy::Backend::default(), 11).unwrap());
+    let limits = limit_params.limits(Mode::Recursive);
+    let meta = RunMeta { run: "serve-test".into(), iteration: 0, env: set.env().into() };
+    let in_process =
+        Arc::new(rao_stages::neural::NeuralPolicy::new(model.clone(), set.grammar(limits.max_children as usize), set.vocab(), 0.0));
+    let want = rollout_trees(set.as_ref(), &set.all(), in_process, Mode::Recursive, 1, limits, meta.clone(), 9).await;
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, Arc::new(Served::new("tiny".into(), model, set.clone(), &limit_params))));
+    let cache = tempfile::tempdir().unwrap();
+    let api = Arc::new(ChatApi::new(endpoint(format!("http://{addr}/v1"), cache.path(), 0), cache.path()).unwrap());
+    let policy = Arc::new(OpenAiPolicy::new(api, set.episode(0), 0.0));
+    let got = rollout_trees(set.as_ref(), &set.all(), policy.clone(), Mode::Recursive, 1, limits, meta, 9).await;
+    assert_eq!((policy.unusable.load(Ordering::SeqCst), policy.failed.load(Ordering::SeqCst)), (0, 0));
+    assert_eq!(shape(&got), shape(&want), "the trees through rao serve are the in-process policy's");
+
+    // A conversation that is not one of this environment is refused, saying why.
+    let resp = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&serde_json::json!({"messages": [{"role": "system", "content": "be nice"}, {"role": "user", "content": "Goal: win\n(You are at depth 0.)"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("`win` is not a word of this environment"), "{body}");
+}

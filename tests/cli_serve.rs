@@ -1,0 +1,136 @@
+//! `rao serve` and `policy: openai` end to end: a trained checkpoint served over HTTP on
+//! 127.0.0.1, an `evaluate` stage whose policy is that endpoint, and the trees it writes equal to
+//! the in-process evaluation's (greedy); the official `openai` Python client talks to the server.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn rao(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+const BASE: &str = r#"
+name: served
+seed: 2
+params:
+  limits: {window: 64, max_depth: 2, max_children: 2, max_nodes: 8, step_budget: 6}
+stages:
+  demo_tasks: {kind: synthesize, params: {tiers: [1, 2], per_band: 24, task_seed: 1}}
+  gate_tasks: {kind: synthesize, params: {tiers: [1, 1], per_band: 8, split: validation, task_seed: 2}}
+  eval_tasks: {kind: synthesize, params: {tiers: [1, 2], per_band: 6, split: validation, task_seed: 3}}
+  warmstart:
+    kind: warmstart
+    inputs: {tasks: demo_tasks.tasks, gate_tasks: gate_tasks.tasks}
+    params:
+      model: {d_model: 32, n_layers: 1, n_heads: 2, d_ff: 64}
+      limits: "${params.limits}"
+      max_steps: 30
+      eval_every: 30
+      batch: 16
+      gate: {required: false}
+  evaluate:
+    kind: evaluate
+    inputs: {tasks: eval_tasks.tasks, checkpoint: warmstart.checkpoint}
+    params: {temperature: 0, modes: [recursive, flat], limits: "${params.limits}"}
+"#;
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn trees(dir: &Path, pipeline: &str, instance: &str) -> Vec<rao_core::NodeRecord> {
+    let o = rao(&["path", pipeline, instance, "trees.parquet"], dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let path = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let mut nodes = rao_core::parquet_io::nodes_from_parquet(std::fs::read(path).unwrap().into()).unwrap();
+    nodes.sort_by(|a, b| (&a.mode, &a.task_id, a.group, a.node_id).cmp(&(&b.mode, &b.task_id, b.group, b.node_id)));
+    nodes
+}
+
+#[test]
+fn an_evaluation_through_rao_serve_equals_the_in_process_one() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.yaml"), BASE).unwrap();
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let _server = Server(
+        Command::new(env!("CARGO_BIN_EXE_rao"))
+            .args(["serve", "p.yaml", "evaluate", "--addr", &addr])
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "rao serve did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The same file plus an evaluation whose policy is the server.
+    let served = format!(
+        "{BASE}  evaluate_served:
+    kind: evaluate
+    inputs: {{tasks: eval_tasks.tasks}}
+    params:
+      policy: openai
+      openai: {{base_url: \"http://{addr}/v1\", model: served, cache_dir: .rao/chat-cache, retries: 0}}
+      temperature: 0
+      modes: [recursive, flat]
+      limits: \"${{params.limits}}\"
+"
+    );
+    std::fs::write(dir.path().join("q.yaml"), served).unwrap();
+    let o = rao(&["run", "q.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("cached   warmstart"), "the checkpoint is the one served:\n{}", text(&o));
+    let (want, got) = (trees(dir.path(), "q.yaml", "evaluate"), trees(dir.path(), "q.yaml", "evaluate_served"));
+    assert_eq!(want.len(), got.len());
+    assert!(want.iter().map(|n| n.turns.len()).sum::<usize>() > want.len(), "the nodes act more than once");
+    for (w, g) in want.iter().zip(&got) {
+        let turns =
+            |n: &rao_core::NodeRecord| n.turns.iter().map(|t| (t.completion_ids.clone(), t.observation_ids.clone())).collect::<Vec<_>>();
+        assert_eq!((&w.mode, &w.task_id, w.node_id, &w.goal, &w.status), (&g.mode, &g.task_id, g.node_id, &g.goal, &g.status));
+        assert_eq!(turns(w), turns(g), "task {} node {}", w.task_id, w.node_id);
+        assert_eq!(w.score, g.score);
+    }
+
+    // The official client: the model list, and a conversation rao would never show refused with
+    // the reason.
+    let python = std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = format!(
+        r#"
+import openai
+client = openai.OpenAI(base_url="http://{addr}/v1", api_key="unused", max_retries=0)
+print(client.models.list().data[0].id)
+try:
+    client.chat.completions.create(model="served", messages=[{{"role": "system", "content": "hi"}}, {{"role": "user", "content": "Goal: win\n(You are at depth 0.)"}}])
+    print("accepted")
+except openai.BadRequestError as e:
+    print("refused:", e.body["message"] if isinstance(e.body, dict) else e)
+"#
+    );
+    let out = Command::new(&python).arg("-c").arg(&script).output().expect("python runs");
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "the openai client (scripts/test installs it):\n{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.starts_with("served/evaluate\n"), "{said}");
+    assert!(said.contains("refused: `win` is not a word of this environment"), "{said}");
+}
