@@ -54,17 +54,7 @@ pub fn conversation(episode: &dyn Episode, ctx: &[Tok]) -> Option<Vec<Message>> 
 /// The node context a conversation of this environment stands for: the inverse of
 /// [`conversation`], checked by rendering it back (anything else is refused, saying what differs).
 pub fn context_of(episode: &dyn Episode, messages: &[Message]) -> Result<Vec<Tok>, String> {
-    let vocab = episode.vocab();
-    let ids = |text: &str| -> Result<Vec<Tok>, String> {
-        text.split_whitespace()
-            .map(|w| {
-                vocab
-                    .get(w)
-                    .filter(|t| !matches!(*t, PAD | BOS | EOS | OBS))
-                    .ok_or_else(|| format!("`{w}` is not a word of this environment"))
-            })
-            .collect()
-    };
+    let ids = |text: &str| word_ids(episode.vocab(), text).map_err(|e| e.to_string());
     let [system, first, rest @ ..] = messages else { return Err("a conversation starts with the system and the goal messages".into()) };
     let recursive = system.content == episode.instructions(true);
     let goal_text = first.content.strip_prefix("Goal: ").ok_or("the first user message starts with `Goal: `")?;
@@ -126,14 +116,16 @@ pub fn parse_reply(vocab: &Vocab, reply: &str) -> Result<Vec<Tok>, ReplyError> {
         .map(|l| l.trim().trim_matches(|c| c == '`' || c == '"' || c == '\'').trim())
         .find(|l| !l.is_empty())
         .ok_or(ReplyError::Empty)?;
-    let mut out = Vec::new();
-    for word in line.replace(',', " , ").split_whitespace() {
-        match vocab.get(word) {
-            Some(t) if !matches!(t, PAD | BOS | EOS | OBS) => out.push(t),
-            _ => return Err(ReplyError::UnknownWord(word.to_string())),
-        }
-    }
-    Ok(out)
+    word_ids(vocab, line)
+}
+
+/// The tokens of environment words separated by spaces (a comma may touch the word before it);
+/// markers such as `<eos>` are not words.
+fn word_ids(vocab: &Vocab, text: &str) -> Result<Vec<Tok>, ReplyError> {
+    text.replace(',', " , ")
+        .split_whitespace()
+        .map(|w| vocab.get(w).filter(|t| !matches!(*t, PAD | BOS | EOS | OBS)).ok_or_else(|| ReplyError::UnknownWord(w.to_string())))
+        .collect()
 }
 
 /// What the instructions of every environment say about sub-agents and refusals.

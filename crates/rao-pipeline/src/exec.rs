@@ -339,7 +339,7 @@ pub async fn execute_by_name(
 ) -> anyhow::Result<Manifest> {
     let (i, resolved) = resolve_by_name(c, store, name).await?;
     let (parts, inputs) = match resolved {
-        Resolved::Done(m) => return Ok(m),
+        Resolved::Done { manifest, .. } => return Ok(manifest),
         Resolved::Ready { parts, inputs } => (parts, inputs),
     };
     let fingerprint = parts.fingerprint();
@@ -347,9 +347,10 @@ pub async fn execute_by_name(
     Ok(execute(c, registry, store, job, reporter).await?.manifest)
 }
 
-/// An instance found by name: done already, or with every input done.
+/// An instance found by name: done already (with the inputs it ran with, if they are still in the
+/// store), or with every input done.
 enum Resolved {
-    Done(Manifest),
+    Done { manifest: Manifest, inputs: Option<BTreeMap<String, Vec<InputArtifact>>> },
     Ready { parts: FpParts, inputs: BTreeMap<String, Vec<InputArtifact>> },
 }
 
@@ -363,11 +364,12 @@ async fn resolve_by_name(c: &Compiled, store: &Store, name: &str) -> anyhow::Res
         )
     })?;
     let snap = crate::snapshot::snapshot(c, store).await?;
+    let inputs = input_artifacts(c, i, |l| snap.loop_exit[l], |j| snap.manifests[j].clone());
     if let Some(m) = &snap.manifests[i] {
-        return Ok((i, Resolved::Done(m.clone())));
+        return Ok((i, Resolved::Done { manifest: m.clone(), inputs }));
     }
     let parts = snap.parts[i].clone().ok_or_else(|| anyhow::anyhow!("`{name}` depends on a loop that has not finished"))?;
-    let inputs = input_artifacts(c, i, |l| snap.loop_exit[l], |j| snap.manifests[j].clone()).ok_or_else(|| {
+    let inputs = inputs.ok_or_else(|| {
         let missing: Vec<&str> = c.predecessors(i).filter(|&j| snap.manifests[j].is_none()).map(|j| c.instances[j].name.as_str()).collect();
         anyhow::anyhow!("`{name}` cannot run yet: inputs not done: {}", missing.join(", "))
     })?;
@@ -382,12 +384,8 @@ pub async fn context_by_name(c: &Compiled, store: &Store, name: &str) -> anyhow:
     let inst = &c.instances[i];
     let (fingerprint, inputs) = match resolved {
         Resolved::Ready { parts, inputs } => (parts.fingerprint(), inputs),
-        // Done: the inputs it ran with, if they are still there.
-        Resolved::Done(m) => {
-            let snap = crate::snapshot::snapshot(c, store).await?;
-            let inputs = input_artifacts(c, i, |l| snap.loop_exit[l], |j| snap.manifests[j].clone())
-                .ok_or_else(|| anyhow::anyhow!("the inputs of `{name}` are no longer in the store"))?;
-            (m.fingerprint, inputs)
+        Resolved::Done { manifest, inputs } => {
+            (manifest.fingerprint, inputs.ok_or_else(|| anyhow::anyhow!("the inputs of `{name}` are no longer in the store"))?)
         }
     };
     Ok(StageContext {

@@ -7,55 +7,29 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use rao_core::NodeRecord;
 use rao_core::tree::Turn;
 use rao_stages::llm_judge::{LlmJudge, LlmJudgeParams};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+
+#[path = "support/chat_server.rs"]
+mod chat_server;
 
 /// An OpenAI-compatible endpoint: 500 on the very first request, 401 without the key, and a
 /// verdict of 1 for nodes that finished.
 async fn serve(listener: TcpListener, requests: Arc<AtomicUsize>) {
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else { return };
-        let requests = requests.clone();
-        tokio::spawn(async move {
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            let (head, body_start) = loop {
-                let n = sock.read(&mut chunk).await.unwrap();
-                if n == 0 {
-                    return;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break (String::from_utf8_lossy(&buf[..i]).to_string(), i + 4);
-                }
-            };
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
-                .unwrap_or(0);
-            while buf.len() < body_start + len {
-                let n = sock.read(&mut chunk).await.unwrap();
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            let body: serde_json::Value = serde_json::from_slice(&buf[body_start..body_start + len]).unwrap();
-            let k = requests.fetch_add(1, Ordering::SeqCst);
-            let (status, reply) = if k == 0 {
+    chat_server::serve(
+        listener,
+        Arc::new(move |head: &str, body: &serde_json::Value| {
+            if requests.fetch_add(1, Ordering::SeqCst) == 0 {
                 ("500 Internal Server Error", "{}".to_string())
             } else if !head.contains("Bearer secret-key-123") {
                 ("401 Unauthorized", "{}".to_string())
             } else {
                 let user = body["messages"][1]["content"].as_str().unwrap_or("");
                 let score = if user.contains("Ended: finished") { 1 } else { 0 };
-                let content = format!("Verdict: {{\"score\": {score}, \"reason\": \"checked\"}}");
-                ("200 OK", serde_json::json!({"choices": [{"message": {"role": "assistant", "content": content}}]}).to_string())
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-                reply.len()
-            );
-            sock.write_all(resp.as_bytes()).await.unwrap();
-        });
-    }
+                ("200 OK", chat_server::completion(&format!("Verdict: {{\"score\": {score}, \"reason\": \"checked\"}}")))
+            }
+        }),
+    )
+    .await
 }
 
 fn node(goal: &str, status: &str) -> NodeRecord {

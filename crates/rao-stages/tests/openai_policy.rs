@@ -20,7 +20,6 @@ use rao_stages::envs::multihop::MultiHopSet;
 use rao_stages::envs::{ExpertSpec, TaskSet};
 use rao_stages::openai_policy::OpenAiPolicy;
 use rao_stages::rollout::{LimitParams, Mode, rollout_trees};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// The conversation as the server sees it: the JSON of its messages.
@@ -44,46 +43,22 @@ fn expert_table(set: &dyn TaskSet, trees: &[Vec<NodeRecord>]) -> HashMap<String,
     table
 }
 
+#[path = "support/chat_server.rs"]
+mod chat_server;
+
 /// An OpenAI-compatible endpoint that answers from `table` (500 on its very first request).
 async fn serve(listener: TcpListener, table: Arc<HashMap<String, String>>, requests: Arc<AtomicUsize>) {
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else { return };
-        let (table, requests) = (table.clone(), requests.clone());
-        tokio::spawn(async move {
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 8192];
-            let (head, body_start) = loop {
-                let n = sock.read(&mut chunk).await.unwrap();
-                if n == 0 {
-                    return;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break (String::from_utf8_lossy(&buf[..i]).to_string(), i + 4);
-                }
-            };
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
-                .unwrap_or(0);
-            while buf.len() < body_start + len {
-                let n = sock.read(&mut chunk).await.unwrap();
-                buf.extend_from_slice(&chunk[..n]);
+    chat_server::serve(
+        listener,
+        Arc::new(move |_head: &str, body: &serde_json::Value| {
+            if requests.fetch_add(1, Ordering::SeqCst) == 0 {
+                return ("500 Internal Server Error", "{}".to_string());
             }
-            let body: serde_json::Value = serde_json::from_slice(&buf[body_start..body_start + len]).unwrap();
-            let (status, reply) = if requests.fetch_add(1, Ordering::SeqCst) == 0 {
-                ("500 Internal Server Error", "{}".to_string())
-            } else {
-                let content = table.get(&key(&body["messages"])).cloned().unwrap_or_else(|| "I am not sure what to do.".into());
-                ("200 OK", serde_json::json!({"choices": [{"message": {"role": "assistant", "content": content}}]}).to_string())
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-                reply.len()
-            );
-            sock.write_all(resp.as_bytes()).await.unwrap();
-        });
-    }
+            let content = table.get(&key(&body["messages"])).cloned().unwrap_or_else(|| "I am not sure what to do.".into());
+            ("200 OK", chat_server::completion(&content))
+        }),
+    )
+    .await
 }
 
 fn endpoint(base_url: String, cache: &std::path::Path, retries: u32) -> ChatEndpoint {
