@@ -6,5 +6,5 @@ pub mod policy;
 pub mod runtime;
 
 pub use batcher::Batcher;
-pub use policy::{Policy, Request, Response, ScriptedExpert, ScriptedPolicy, UniformRandom};
+pub use policy::{ModelTokens, Policy, Request, Response, ScriptedExpert, ScriptedPolicy, UniformRandom};
 pub use runtime::{Limits, RunMeta, TreeDone, TreeSpec, run_trees, run_trees_observed};

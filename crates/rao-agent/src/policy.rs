@@ -17,14 +17,37 @@ pub struct Request {
     pub max_new_tokens: usize,
     /// Deterministic per-request seed (tree, node, step), for sampling.
     pub seed: u64,
+    /// A text policy's context in its model's own tokens: everything it was fed and sampled for
+    /// this node so far, exactly (its earlier `ModelTokens`). Empty for the first action and for
+    /// policies acting on the environment's tokens.
+    pub model_context: Vec<u32>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// What a policy acting in text fed its model and sampled for one action, in the model's own
+/// tokens. The node's record keeps these ids (token in, token out), so training reads exactly
+/// what acting produced.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ModelTokens {
+    /// Whose tokens these are (`model:` + the tokenizer's hash): the record's `token_space`.
+    pub space: std::sync::Arc<str>,
+    /// Tokens appended to the model's context before sampling: the rendered prompt for the
+    /// first action, then what the chat template adds for the observation since the last one.
+    pub fed: Vec<u32>,
+    /// The sampled reply, ending with the model's stop token unless the window ran out.
+    pub sampled: Vec<u32>,
+    /// Behaviour log-prob of each sampled token.
+    pub logprobs: Vec<f32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Response {
     /// The action's tokens, ending with `<eos>` unless the window ran out.
     pub tokens: Vec<Tok>,
     /// Behaviour log-prob of each token, from the distribution actually sampled.
     pub logprobs: Vec<f32>,
+    /// For a policy acting in text: its model's tokens for this action. The runtime records
+    /// these instead of the environment's tokens, and `token_space` names them.
+    pub model: Option<ModelTokens>,
 }
 
 pub trait Policy: Send + Sync {
@@ -46,7 +69,7 @@ pub fn finish_action(mut action: Vec<Tok>, max_new_tokens: usize, logprob: f32) 
     action.push(EOS);
     action.truncate(max_new_tokens);
     let n = action.len();
-    Response { tokens: action, logprobs: vec![logprob; n] }
+    Response { tokens: action, logprobs: vec![logprob; n], model: None }
 }
 
 /// The scripted TextCraft expert as a policy (deterministic: log-probs 0).

@@ -210,6 +210,10 @@ fn run_node(
         let mut children_launched: u32 = 0;
         let mut end_status = if context.len() >= limits.window { Some(status::CONTEXT_OVERFLOW) } else { None };
         let mut steps: u32 = 0;
+        // A text policy's context in its model's tokens, and what it was fed before each action.
+        let mut model_context: Vec<u32> = Vec::new();
+        let mut model_fed: Vec<Vec<u32>> = Vec::new();
+        let mut token_space = String::new();
         // Steps the node's finished children's subtrees took (what they spent of `budget`).
         let mut descendant_steps: u32 = 0;
         while end_status.is_none() {
@@ -222,6 +226,7 @@ fn run_node(
                 context: context.clone(),
                 max_new_tokens: limits.window - context.len(),
                 seed: request_seed(tree.spec.seed, &path, steps),
+                model_context: model_context.clone(),
             };
             let (resp, ticket) = b.request((tree.idx, path.clone()), req).await;
             b.wait_turn(ticket).await;
@@ -233,6 +238,15 @@ fn run_node(
                 action: vocab.text(&resp.tokens),
                 ..Default::default()
             };
+            if let Some(m) = resp.model {
+                // A text policy: the record keeps its model's tokens (token in, token out).
+                model_context.extend(&m.fed);
+                model_context.extend(&m.sampled);
+                turn.completion_ids = m.sampled;
+                turn.logprobs = m.logprobs;
+                model_fed.push(m.fed);
+                token_space = m.space.to_string();
+            }
             if resp.tokens.last() != Some(&EOS) {
                 // The action did not fit in the window.
                 turns.push(turn);
@@ -340,6 +354,17 @@ fn run_node(
         let status = end_status.unwrap_or(status::STEP_BUDGET);
         let score = ep.verify(&goal, status == status::FINISHED, result.as_deref(), &subtree);
         let generated: usize = turns.iter().map(|t| t.completion_ids.len()).sum();
+        let text = !model_fed.is_empty();
+        let (prompt_ids, context_tokens, token_space) = if text {
+            // Each turn's observation as the model was fed it: what came before the next action
+            // (nothing after the last one).
+            for (i, t) in turns.iter_mut().enumerate() {
+                t.observation_ids = model_fed.get(i + 1).cloned().unwrap_or_default();
+            }
+            (model_fed.swap_remove(0), model_context.len(), token_space)
+        } else {
+            (prompt, context.len(), token_space)
+        };
         let rec = NodeRecord {
             run: tree.meta.run.clone(),
             iteration: tree.meta.iteration,
@@ -356,9 +381,10 @@ fn run_node(
             status: status.to_string(),
             score,
             steps: steps as i32,
-            prompt_ids: prompt,
+            token_space,
+            prompt_ids,
             turns,
-            context_tokens: context.len() as i32,
+            context_tokens: context_tokens as i32,
             generated_tokens: generated as i32,
             result: result.clone(),
             counters: own,

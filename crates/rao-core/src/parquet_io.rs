@@ -76,6 +76,7 @@ pub fn node_schema() -> Schema {
         of("advantage"),
         of("depth_weight"),
         i("steps"),
+        s("token_space"),
         Field::new("prompt_ids", list_of(DataType::UInt32), false),
         Field::new("turns", list_of(DataType::Struct(turn_fields())), false),
         i("context_tokens"),
@@ -162,6 +163,7 @@ pub fn nodes_to_parquet(nodes: &[NodeRecord]) -> IoResult<Bytes> {
         floats(&|n| n.advantage),
         floats(&|n| n.depth_weight),
         ints(&|n| Some(n.steps)),
+        strings(&|n| Some(&n.token_space)),
         u32_list(nodes.iter().map(|n| n.prompt_ids.clone())),
         Arc::new(turns.finish()),
         ints(&|n| Some(n.context_tokens)),
@@ -234,7 +236,7 @@ pub fn nodes_from_parquet(bytes: Bytes) -> IoResult<Vec<NodeRecord>> {
         let (run, env, task, goal, status, judge, result) =
             (s("run")?, s("env")?, s("task_id")?, s("goal")?, s("status")?, s("judge")?, s("result")?);
         // Columns added later: files written before them read as empty strings.
-        let (mode, band) = (s("mode").ok(), s("band").ok());
+        let (mode, band, token_space) = (s("mode").ok(), s("band").ok(), s("token_space").ok());
         let text_or_empty =
             |a: &Option<arrow::array::StringArray>, r: usize| a.as_ref().map(|a| a.value(r).to_string()).unwrap_or_default();
         let (iteration, group, node_id, parent, depth, child, spawn, version, steps, ctx, gen_) = (
@@ -279,6 +281,7 @@ pub fn nodes_from_parquet(bytes: Bytes) -> IoResult<Vec<NodeRecord>> {
                 env: env.value(r).into(),
                 mode: text_or_empty(&mode, r),
                 band: text_or_empty(&band, r),
+                token_space: text_or_empty(&token_space, r),
                 task_id: task.value(r).into(),
                 group: group.value(r),
                 node_id: node_id.value(r),

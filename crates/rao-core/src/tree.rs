@@ -53,6 +53,12 @@ pub struct NodeRecord {
     pub advantage: Option<f64>,
     pub depth_weight: Option<f64>,
     pub steps: i32,
+    /// Whose tokens `prompt_ids`, `completion_ids` and `observation_ids` are: empty for the
+    /// environment's own (compact) tokens; for a language model acting in text, `model:` and the
+    /// first 16 hex digits of the blake3 of its `tokenizer.json`. A text node's ids are exactly
+    /// what the model was fed and sampled (the rendered prompt, each reply with its stop token,
+    /// each observation rendered as the chat template continues it), never re-tokenised.
+    pub token_space: String,
     pub prompt_ids: Vec<u32>,
     pub turns: Vec<Turn>,
     /// Tokens in the node's context at the end (prompt + actions + observations).

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::env::{Episode, Refusal, Step, StepOutput};
-use crate::grammar::Grammar;
+use crate::grammar::{Grammar, lark_choice};
 use crate::node::{self, DIGITS, fixed_number, mode_and_depth_words, parse_node, prompt, read_fixed};
 use crate::rng::Rng;
 use crate::text;
@@ -422,6 +422,16 @@ impl LongDocGrammar {
 }
 
 impl Grammar for LongDocGrammar {
+    fn lark(&self, recursive: bool) -> Option<String> {
+        // Fixed-width numbers, digit by digit: `read` takes two, `answer` one (or `sum`).
+        let mut action =
+            vec![format!(r#""read" (" " DIGIT){{{}}}"#, 2 * WIDTH), format!(r#""answer sum" | "answer" (" " DIGIT){{{WIDTH}}}"#)];
+        if recursive {
+            action.push(format!(r#""split " ({})"#, lark_choice(&DIGITS[2..=self.max_children as usize])));
+        }
+        Some(format!("start: ACTION\nACTION: {}\nDIGIT: {}\n", action.join(" | "), lark_choice(&DIGITS)))
+    }
+
     fn allowed(&self, recursive: bool, prefix: &[Tok]) -> Vec<Tok> {
         let v = &self.lang.vocab;
         let digits = || DIGITS.iter().map(|d| v.id(d)).collect::<Vec<_>>();

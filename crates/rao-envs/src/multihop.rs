@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::env::{Episode, Refusal, Step, StepOutput};
-use crate::grammar::Grammar;
+use crate::grammar::{Grammar, lark_choice, lark_up_to};
 use crate::node::{self, mode_and_depth_words, parse_node, prompt};
 use crate::rng::Rng;
 use crate::text;
@@ -339,6 +339,20 @@ impl MultiHopGrammar {
 }
 
 impl Grammar for MultiHopGrammar {
+    fn lark(&self, recursive: bool) -> Option<String> {
+        let l = &self.lang;
+        let mut action = vec![r#""search " ENTITY " " RELATION"#.to_string(), r#""answer " ENTITY"#.into()];
+        if recursive {
+            action.push(format!(r#""spawn " RELATION {} " " ENTITY"#, lark_up_to(r#"" " RELATION"#, self.max_hops.max(1) - 1)));
+        }
+        Some(format!(
+            "start: ACTION\nACTION: {}\nRELATION: {}\nENTITY: {}\n",
+            action.join(" | "),
+            lark_choice(&RELATIONS[..l.graph.config.relations]),
+            lark_choice(&l.graph.names)
+        ))
+    }
+
     fn allowed(&self, recursive: bool, prefix: &[Tok]) -> Vec<Tok> {
         let l = &self.lang;
         let entities = || (0..l.graph.names.len()).map(|e| l.entity_tok(e)).collect::<Vec<_>>();

@@ -8,8 +8,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use rao_envs::grammar::AnyToken;
-use rao_envs::vocab::Tok;
+use std::sync::Arc;
+
+use rao_envs::grammar::{AnyToken, Grammar};
+use rao_envs::longdoc::{self, DocConfig, LongDocGrammar};
+use rao_envs::multihop::{self, GraphConfig, MultiHopGrammar};
+use rao_envs::rng::Rng;
+use rao_envs::text::{parse_reply, words};
+use rao_envs::textcraft::grammar::TextCraftGrammar;
+use rao_envs::textcraft::{self, SynthConfig};
+use rao_envs::vocab::{EOS, Tok, Vocab};
+use rao_policy::hf::constraint::TextGrammar;
 use rao_policy::hf::{self, Pretrained};
 use rao_policy::{Backend, Loss, Policy, SampleRequest, Sequence};
 use serde::Deserialize;
@@ -320,5 +329,94 @@ fn lora_adapters_train_alone_and_load_in_peft() {
         again.policy.load_adapters(&ck).unwrap();
         assert_eq!(logits(&again.policy, &exp.prompts), ours, "{name}: restored adapters");
         assert!(Policy::from_checkpoint(&ck, Backend::Cpu).is_err(), "an adapter checkpoint is not a whole model");
+    }
+}
+
+/// Each environment's action language compiled by llguidance over the fixtures' byte-level BPE
+/// tokenizer, with the environment's vocabulary and its compact grammar.
+fn text_grammars() -> Vec<(&'static str, Vocab, Arc<dyn Grammar>, TextGrammar)> {
+    let tokenizer = load("qwen3").tokenizer.expect("the fixture has a tokenizer");
+    let stop = tokenizer.token_id("<|im_end|>").expect("the fixture's end of turn");
+    let bytes = tokenizer.token_bytes().expect("token bytes");
+    let rows = tokenizer.vocab_size();
+    let world = textcraft::generate(&SynthConfig::small(), 2);
+    let doc = Arc::new(longdoc::Lang::new(&DocConfig::default()));
+    let hop = Arc::new(multihop::Lang::new(multihop::generate(&GraphConfig::default(), 4)));
+    let envs: Vec<(&str, Vocab, Arc<dyn Grammar>)> = vec![
+        ("textcraft", world.vocab.clone(), Arc::new(TextCraftGrammar::new(&world, 3))),
+        ("longdoc", doc.vocab.clone(), Arc::new(LongDocGrammar::new(doc.clone(), 4))),
+        ("multihop", hop.vocab.clone(), Arc::new(MultiHopGrammar::new(hop.clone(), 6))),
+    ];
+    envs.into_iter()
+        .map(|(name, vocab, compact)| {
+            let [flat, rec] = [false, true].map(|r| compact.lark(r).expect("every environment has a text grammar"));
+            let text = TextGrammar::new(bytes.clone(), stop, rows, &flat, &rec).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            (name, vocab, compact, text)
+        })
+        .collect()
+}
+
+/// A uniformly random walk under `grammar` until it allows `end` and picks it (or `cap` tokens).
+fn random_walk(grammar: &dyn Grammar, recursive: bool, end: Tok, cap: usize, rng: &mut Rng) -> Option<Vec<Tok>> {
+    let mut out = Vec::new();
+    while out.len() < cap {
+        let allowed = grammar.allowed(recursive, &out);
+        let t = allowed[rng.below(allowed.len())];
+        if t == end {
+            return Some(out);
+        }
+        out.push(t);
+    }
+    None
+}
+
+fn accepts(grammar: &dyn Grammar, recursive: bool, toks: &[Tok], end: Tok) -> bool {
+    (0..toks.len()).all(|i| grammar.allowed(recursive, &toks[..i]).contains(&toks[i])) && grammar.allowed(recursive, toks).contains(&end)
+}
+
+#[test]
+fn every_action_sampled_under_the_text_grammar_parses_and_every_action_is_reachable() {
+    let tokenizer = load("qwen3").tokenizer.unwrap();
+    let stop = tokenizer.token_id("<|im_end|>").unwrap();
+    for (name, vocab, compact, text) in text_grammars() {
+        for recursive in [false, true] {
+            let mut rng = Rng::new(11);
+            for round in 0..200 {
+                // Text → action: whatever a model samples under the mask is an action of the
+                // environment's compact grammar.
+                let sampled = random_walk(&text, recursive, stop, 200, &mut rng).unwrap_or_else(|| panic!("{name}: no stop in 200 tokens"));
+                let reply = tokenizer.decode(&sampled, false).unwrap();
+                let action = parse_reply(&vocab, &reply).unwrap_or_else(|e| panic!("{name} round {round}: {reply:?}: {e}"));
+                assert!(accepts(compact.as_ref(), recursive, &action, EOS), "{name} (recursive {recursive}): {reply:?} is not an action");
+                // Action → text: every action of the compact grammar, written in words and
+                // tokenized, is allowed token by token, then the stop.
+                let Some(action) = random_walk(compact.as_ref(), recursive, EOS, 40, &mut rng) else { continue };
+                let ids = tokenizer.encode(&words(&vocab, &action), false).unwrap();
+                assert!(accepts(&text, recursive, &ids, stop), "{name} (recursive {recursive}): {:?} is refused", words(&vocab, &action));
+            }
+        }
+    }
+}
+
+#[test]
+fn logprobs_sampled_under_the_text_grammar_equal_a_fresh_masked_forward() {
+    let model = load("qwen3");
+    let tokenizer = model.tokenizer.as_ref().unwrap();
+    for (name, _, _, text) in text_grammars() {
+        let prompt = tokenizer.encode("<|im_start|>user\nact<|im_end|>\n<|im_start|>assistant\n", false).unwrap();
+        let reqs: Vec<SampleRequest> =
+            (0..6).map(|i| SampleRequest { context: prompt.clone(), max_new_tokens: 64, seed: 3 + i, recursive: i % 2 == 1 }).collect();
+        for temperature in [1.0, 0.7] {
+            let out = model.policy.sample(&reqs, &text, temperature);
+            let seqs: Vec<Sequence> =
+                reqs.iter().zip(&out).map(|(r, (t, lp))| Sequence::from_completion(&r.context, t, lp, 1.0, r.recursive)).collect();
+            let fresh = model.policy.sequence_logprobs(&seqs, &text, temperature);
+            for ((toks, lps), f) in out.iter().zip(&fresh) {
+                assert_eq!(toks.last(), Some(&text.stop()), "{name}: every action ends with the stop token");
+                for (a, b) in lps.iter().zip(f) {
+                    assert!((a - b).abs() < 1e-4, "{name} at τ = {temperature}: sampled {a} vs recomputed {b}");
+                }
+            }
+        }
     }
 }

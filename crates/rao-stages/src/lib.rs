@@ -37,6 +37,7 @@ pub mod llm_judge;
 pub mod neural;
 pub mod openai_policy;
 pub mod serve;
+pub mod text_policy;
 pub mod training;
 pub mod update;
 pub mod warmstart;

@@ -62,7 +62,7 @@ impl RuntimePolicy for NeuralPolicy {
         Box::pin(async move {
             let out =
                 tokio::task::spawn_blocking(move || policy.sample(&reqs, grammar.as_ref(), temperature)).await.expect("sampling panicked");
-            out.into_iter().map(|(tokens, logprobs)| Response { tokens, logprobs }).collect()
+            out.into_iter().map(|(tokens, logprobs)| Response { tokens, logprobs, model: None }).collect()
         })
     }
     fn version(&self) -> i32 {
@@ -87,7 +87,7 @@ impl RuntimePolicy for PacedExpert {
             let actions: Vec<Vec<Tok>> = self.expert.act(batch).await.into_iter().map(|r| r.tokens).collect();
             let model = self.model.clone();
             let out = tokio::task::spawn_blocking(move || model.force(&reqs, &actions)).await.expect("forced decoding panicked");
-            out.into_iter().map(|(tokens, logprobs)| Response { tokens, logprobs }).collect()
+            out.into_iter().map(|(tokens, logprobs)| Response { tokens, logprobs, model: None }).collect()
         })
     }
 }

@@ -71,7 +71,7 @@ impl Served {
         let prompt_tokens = context.len();
         let max_new_tokens = self.window - prompt_tokens;
         let policy = NeuralPolicy::new(self.policy.clone(), self.grammar.clone(), self.set.vocab(), temperature);
-        let mut out = policy.act(vec![Request { context, max_new_tokens, seed }]).await;
+        let mut out = policy.act(vec![Request { context, max_new_tokens, seed, model_context: vec![] }]).await;
         let mut tokens = out.pop().map(|r| r.tokens).unwrap_or_default();
         let finish_reason = if tokens.last() == Some(&EOS) { "stop" } else { "length" };
         let completion_tokens = tokens.len();

@@ -24,7 +24,9 @@ pub fn write_trees(ctx: &StageContext, output: &str, nodes: &[NodeRecord]) -> an
 /// A node's training sequence with the given advantage.
 pub fn node_sequence(n: &NodeRecord, vocab: &Vocab, advantage: f32) -> Sequence {
     let (tokens, generated, old_logprobs) = n.sequence();
-    let recursive = n.prompt_ids.get(1).is_some_and(|&t| vocab.word(t) == "<rec>");
+    // A text policy's prompt is the model's tokens; the tree's mode says the same.
+    let recursive =
+        if n.token_space.is_empty() { n.prompt_ids.get(1).is_some_and(|&t| vocab.word(t) == "<rec>") } else { n.mode == "recursive" };
     Sequence { tokens, generated, old_logprobs, advantage, recursive }
 }
 

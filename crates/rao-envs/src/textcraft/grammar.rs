@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::world::World;
-use crate::grammar::Grammar;
+use crate::grammar::{Grammar, lark_choice, lark_up_to};
 use crate::vocab::{EOS, Tok};
 
 #[derive(Default)]
@@ -30,6 +30,8 @@ pub struct TextCraftGrammar {
     digits: Vec<Tok>,
     /// Most goals in one `spawn`.
     pub max_spawn_goals: usize,
+    /// Each item's name as text (its words separated by spaces), for the text form.
+    item_texts: Vec<String>,
 }
 
 impl TextCraftGrammar {
@@ -62,6 +64,7 @@ impl TextCraftGrammar {
             from: v.get("from"),
             digits: (0..10).map(|d| v.id(&d.to_string())).collect(),
             max_spawn_goals: max_spawn_goals.max(1),
+            item_texts: world.items.iter().map(|it| crate::text::words(v, &it.tokens)).collect(),
         }
     }
 
@@ -104,6 +107,24 @@ impl TextCraftGrammar {
 }
 
 impl Grammar for TextCraftGrammar {
+    fn lark(&self, recursive: bool) -> Option<String> {
+        // Counts are one or two digits, the first not 0, as `after_args` allows them.
+        let mut action = vec![r#""info " ITEM"#.to_string(), r#""inv""#.into(), r#""finish""#.into()];
+        action.push(if self.from.is_some() {
+            format!(r#""craft " ARG (" from " ARG {})?"#, lark_up_to(r#"" , " ARG"#, MAX_INGREDIENTS - 1))
+        } else {
+            r#""craft " ARG"#.into()
+        });
+        if recursive {
+            action.push(format!(r#""spawn " ARG {}"#, lark_up_to(r#"" , " ARG"#, self.max_spawn_goals - 1)));
+        }
+        Some(format!(
+            "start: ACTION\nACTION: {}\nARG: ITEM (\" \" COUNT)?\nCOUNT: /[1-9]( [0-9])?/\nITEM: {}\n",
+            action.join(" | "),
+            lark_choice(&self.item_texts)
+        ))
+    }
+
     fn allowed(&self, recursive: bool, prefix: &[Tok]) -> Vec<Tok> {
         let Some((&verb, args)) = prefix.split_first() else {
             let mut v = vec![self.info, self.craft, self.inv, self.finish];

@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod constraint;
 pub mod files;
 pub mod tokenizer;
 pub mod weights;

@@ -13,6 +13,8 @@ const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
 
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
+    /// `tokenizer.json` as read (the constraint library takes each token's bytes from it).
+    source: String,
     /// `bos_token` / `eos_token` of `tokenizer_config.json`, as text.
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
@@ -27,7 +29,7 @@ impl TextTokenizer {
         let text = read_text(&path, MAX_TOKENIZER_BYTES)?;
         let inner: tokenizers::Tokenizer =
             text.parse().map_err(|e| anyhow::anyhow!("{}: not a readable tokenizer ({e})", path.display()))?;
-        let mut tok = TextTokenizer { inner, bos_token: None, eos_token: None, chat: None };
+        let mut tok = TextTokenizer { inner, source: text, bos_token: None, eos_token: None, chat: None };
         let config = dir.join("tokenizer_config.json");
         if config.exists() {
             let (cfg, text): (Value, String) = read_json(&config)?;
@@ -86,6 +88,21 @@ impl TextTokenizer {
     /// The id of a token (added or special tokens included).
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+
+    /// The bytes each id stands for (special tokens marked as llguidance marks them), for
+    /// constrained decoding. Byte-level and byte-fallback tokenizers have them.
+    pub fn token_bytes(&self) -> anyhow::Result<Vec<Vec<u8>>> {
+        let json: serde_json::Value = serde_json::from_str(&self.source)?;
+        // The library asserts on malformed byte-fallback names; the file is untrusted input.
+        std::panic::catch_unwind(|| llguidance::token_bytes_from_tokenizer_json(&json))
+            .map_err(|_| anyhow::anyhow!("tokenizer.json: a token's name is not a byte of its byte-fallback vocabulary"))?
+            .map_err(|e| anyhow::anyhow!("tokenizer.json: {e} (constrained decoding needs a byte-level or byte-fallback tokenizer)"))
+    }
+
+    /// `tokenizer.json` as read.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Number of ids (added tokens included).

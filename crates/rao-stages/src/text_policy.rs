@@ -1,0 +1,223 @@
+//! A language model acting in text. A node's context becomes a chat conversation (the
+//! environment's text form, `rao_envs::text`) rendered through the model's own chat template; the
+//! reply is sampled under the environment's action grammar over the model's vocabulary
+//! (`TextGrammar`, llguidance) and read back as the environment's action. The model's tokens
+//! are kept exactly as fed and sampled (token in, token out): a node's next prompt is its own
+//! earlier tokens plus what the template adds for the new observation, never a re-tokenised
+//! rendering of the whole conversation, and the tree records those ids for training.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures::future::BoxFuture;
+use rao_agent::{ModelTokens, Request, Response};
+use rao_envs::Episode;
+use rao_envs::grammar::Grammar;
+use rao_envs::text::{Message, Role, conversation, parse_reply};
+use rao_envs::vocab::{EOS, Tok};
+use rao_policy::hf::TextTokenizer;
+use rao_policy::hf::chat::ChatTemplate;
+use rao_policy::hf::constraint::TextGrammar;
+use rao_policy::{Policy, SampleRequest};
+use serde_json::json;
+
+/// `model:` and the first 16 hex digits of the blake3 of `tokenizer.json`: the trees'
+/// `token_space`, so an update never mixes ids of different tokenizers.
+pub fn token_space(tokenizer: &TextTokenizer) -> String {
+    format!("model:{}", &blake3::hash(tokenizer.source().as_bytes()).to_hex()[..16])
+}
+
+/// How a chat template continues a conversation: rendered once at the start, checked for the
+/// two properties token-in-token-out needs.
+struct Continuation {
+    /// What the template writes after the stop token that ends an assistant turn (`"\n"` for
+    /// ChatML): the model samples the stop token, the next turn starts after this.
+    after_stop: String,
+}
+
+impl Continuation {
+    fn new(template: &ChatTemplate, stop_text: &str) -> anyhow::Result<Self> {
+        let marker = "ASSISTANT-REPLY";
+        let probe = |msgs: &[(&str, &str)], generation_prompt: bool| {
+            let v: Vec<_> = msgs.iter().map(|(r, c)| json!({"role": r, "content": c})).collect();
+            template.render(&json!(v), generation_prompt)
+        };
+        let turn = probe(&[("system", "S"), ("user", "U"), ("assistant", marker)], false)?;
+        let end = format!("{marker}{stop_text}");
+        let at = turn.rfind(&end).ok_or_else(|| {
+            anyhow::anyhow!(
+                "the chat template does not end an assistant turn with the stop token `{stop_text}`; rao continues a \
+                 conversation from the tokens the model sampled, so the reply's stop token must be the template's turn end"
+            )
+        })?;
+        Ok(Continuation { after_stop: turn[at + end.len()..].to_string() })
+    }
+}
+
+/// A Hugging Face model's checkpoint as the runtime's policy, acting in text.
+pub struct TextPolicy {
+    policy: Arc<Policy>,
+    tokenizer: Arc<TextTokenizer>,
+    grammar: Arc<TextGrammar>,
+    text_form: Arc<dyn Episode>,
+    continuation: Continuation,
+    space: Arc<str>,
+    temperature: f64,
+    /// The node's window, in the model's tokens.
+    window: usize,
+    /// Replies that did not read as an action (impossible under the grammar; counted).
+    pub unusable: AtomicUsize,
+}
+
+impl TextPolicy {
+    /// `grammar` is the environment's action grammar (its `lark` text form is compiled over the
+    /// tokenizer's vocabulary), `text_form` any episode of the environment.
+    pub fn new(
+        policy: Arc<Policy>,
+        tokenizer: Arc<TextTokenizer>,
+        env_grammar: &dyn Grammar,
+        text_form: Arc<dyn Episode>,
+        temperature: f64,
+        window: usize,
+    ) -> anyhow::Result<Self> {
+        let template = tokenizer.chat.as_ref().ok_or_else(|| anyhow::anyhow!("the model's tokenizer has no chat template"))?;
+        let stop = *policy.stop_tokens.first().ok_or_else(|| anyhow::anyhow!("the model has no stop token"))?;
+        let stop_text = tokenizer.decode(&[stop], false)?;
+        let continuation = Continuation::new(template, &stop_text)?;
+        let lark = |recursive| env_grammar.lark(recursive).ok_or_else(|| anyhow::anyhow!("this environment's actions have no text form"));
+        let grammar = TextGrammar::new(tokenizer.token_bytes()?, stop, policy.cfg.vocab, &lark(false)?, &lark(true)?)?;
+        Ok(TextPolicy {
+            space: token_space(&tokenizer).into(),
+            policy,
+            tokenizer,
+            grammar: Arc::new(grammar),
+            text_form,
+            continuation,
+            temperature,
+            window,
+            unusable: AtomicUsize::new(0),
+        })
+    }
+
+    /// The action grammar over the model's vocabulary (what training masks with, too).
+    pub fn grammar(&self) -> &TextGrammar {
+        &self.grammar
+    }
+
+    fn render(&self, messages: &[Message], generation_prompt: bool) -> anyhow::Result<String> {
+        let template = self.tokenizer.chat.as_ref().expect("checked in new");
+        template.render(&serde_json::to_value(messages)?, generation_prompt)
+    }
+
+    /// The tokens to feed before this node's next action: the whole rendered prompt at the
+    /// start, then only what the template adds for the newest observation (its user turn and
+    /// the opened assistant turn), after the sampled stop token.
+    fn to_feed(&self, r: &Request) -> anyhow::Result<Vec<u32>> {
+        let messages =
+            conversation(self.text_form.as_ref(), &r.context).ok_or_else(|| anyhow::anyhow!("a node context without a prompt"))?;
+        if r.model_context.is_empty() {
+            return self.tokenizer.encode(&self.render(&messages, true)?, false);
+        }
+        let text = match messages.last() {
+            Some(m) if m.role == Role::User => {
+                // The newest observation rendered after the system message alone: the template's
+                // text for one user turn, whatever it does to earlier assistant turns.
+                let system = &messages[..1];
+                let head = self.render(system, false)?;
+                let with = self.render(&[system[0].clone(), m.clone()], true)?;
+                let turn = with.strip_prefix(head.as_str()).ok_or_else(|| {
+                    anyhow::anyhow!("the chat template renders a system message differently once a user message follows it")
+                })?;
+                format!("{}{turn}", self.continuation.after_stop)
+            }
+            // No observation since the last action: the assistant turn is opened again.
+            _ => {
+                let head = self.render(&messages, false)?;
+                let with = self.render(&messages, true)?;
+                format!("{}{}", self.continuation.after_stop, with.strip_prefix(head.as_str()).unwrap_or_default())
+            }
+        };
+        self.tokenizer.encode(&text, false)
+    }
+}
+
+impl rao_agent::Policy for TextPolicy {
+    fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
+        Box::pin(async move {
+            let rec = self.text_form.vocab().id("<rec>");
+            // What each node is fed; a node whose observation does not fit is not fed at all.
+            let mut fed: Vec<Vec<u32>> = Vec::with_capacity(batch.len());
+            let mut reqs: Vec<SampleRequest> = Vec::new();
+            let mut rows: Vec<Option<usize>> = Vec::with_capacity(batch.len());
+            for r in &batch {
+                let feed = self.to_feed(r).unwrap_or_else(|e| {
+                    note_failure(&e);
+                    Vec::new()
+                });
+                let used = r.model_context.len() + feed.len();
+                if feed.is_empty() || used >= self.window {
+                    fed.push(Vec::new());
+                    rows.push(None);
+                    continue;
+                }
+                rows.push(Some(reqs.len()));
+                reqs.push(SampleRequest {
+                    context: [r.model_context.as_slice(), &feed].concat(),
+                    max_new_tokens: self.window - used,
+                    seed: r.seed,
+                    recursive: r.context.get(1) == Some(&rec),
+                });
+                fed.push(feed);
+            }
+            let (policy, grammar, temperature) = (self.policy.clone(), self.grammar.clone(), self.temperature);
+            let sampled =
+                tokio::task::spawn_blocking(move || policy.sample(&reqs, grammar.as_ref(), temperature)).await.expect("sampling panicked");
+            rows.into_iter()
+                .zip(fed)
+                .map(|(row, fed)| {
+                    let (sampled, logprobs) = row.map(|i| sampled[i].clone()).unwrap_or_default();
+                    let tokens = self.action_of(&sampled);
+                    let logprobs_env = vec![0.0; tokens.len()];
+                    Response {
+                        tokens,
+                        logprobs: logprobs_env,
+                        model: Some(ModelTokens { space: self.space.clone(), fed, sampled, logprobs }),
+                    }
+                })
+                .collect()
+        })
+    }
+
+    fn version(&self) -> i32 {
+        self.policy.version
+    }
+
+    fn counters(&self) -> Vec<(&'static str, f64)> {
+        vec![("text_unusable_replies", self.unusable.load(Ordering::Relaxed) as f64)]
+    }
+}
+
+impl TextPolicy {
+    /// The environment's action for a sampled reply: its words and `<eos>` when it ended with the
+    /// stop token, nothing (the window ran out: an overflow) when it did not.
+    fn action_of(&self, sampled: &[u32]) -> Vec<Tok> {
+        let Some((&last, reply)) = sampled.split_last() else { return vec![] };
+        if last != self.grammar.stop() {
+            return vec![];
+        }
+        let mut action =
+            self.tokenizer.decode(reply, false).ok().and_then(|text| parse_reply(self.text_form.vocab(), &text).ok()).unwrap_or_else(
+                || {
+                    self.unusable.fetch_add(1, Ordering::Relaxed);
+                    vec![]
+                },
+            );
+        action.push(EOS);
+        action
+    }
+}
+
+fn note_failure(e: &anyhow::Error) {
+    static SHOWN: std::sync::Once = std::sync::Once::new();
+    SHOWN.call_once(|| eprintln!("policy: text: {e:#} (the node ends; further failures are not shown)"));
+}
