@@ -62,6 +62,12 @@ pub trait Policy: Send + Sync {
     fn counters(&self) -> Vec<(&'static str, f64)> {
         vec![]
     }
+    /// True for a policy that counts a node's window in its own model's tokens (a language model
+    /// acting in text) and ends the node itself when it runs out: the runtime then does not
+    /// count the environment's tokens against the window.
+    fn counts_own_window(&self) -> bool {
+        false
+    }
 }
 
 /// Cut an action to the window and close it with `<eos>` if it fits.

@@ -349,6 +349,7 @@ pub async fn run_batch(
     meta: RunMeta,
     progress: &TreeProgress<'_>,
 ) -> Vec<Vec<NodeRecord>> {
+    let limits = if policy.counts_own_window() { Limits { window: usize::MAX / 4, ..limits } } else { limits };
     let batcher = Batcher::start(policy);
     let out = run_trees_observed(&batcher, trees, limits, meta, &|t| progress.tree_done(t)).await;
     batcher.close();
@@ -461,20 +462,20 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
         PolicyKind::Random => set.random_policy().ok_or_else(|| anyhow::anyhow!("environment `{}` has no random policy", set.env()))?,
         PolicyKind::Checkpoint => {
             anyhow::ensure!(ctx.inputs.contains_key("checkpoint"), "`policy: checkpoint` needs a `checkpoint` input");
-            let policy = crate::neural::load_policy(ctx, "checkpoint", p.backend).await?;
-            Arc::new(crate::neural::NeuralPolicy::new(
-                Arc::new(policy),
-                set.grammar(limits.max_children as usize),
-                set.vocab(),
-                p.temperature,
-            ))
+            let model = crate::neural::load_model(ctx, "checkpoint", p.backend).await?;
+            crate::neural::acting_policy(model, set, &limits, p.temperature)?
         }
         PolicyKind::PacedExpert => {
             anyhow::ensure!(
                 ctx.inputs.contains_key("checkpoint"),
                 "`policy: paced_expert` needs a `checkpoint` input (the model whose compute paces it)"
             );
-            let model = crate::neural::load_policy(ctx, "checkpoint", p.backend).await?;
+            let model = crate::neural::load_model(ctx, "checkpoint", p.backend).await?;
+            anyhow::ensure!(
+                model.text.is_none(),
+                "`policy: paced_expert` decodes the expert's actions in the environment's tokens, not a language model's"
+            );
+            let model = model.policy;
             let expert = set.expert(ExpertSpec { delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed }, &limits);
             Arc::new(crate::neural::PacedExpert { expert, model: Arc::new(model), rec: set.vocab().id("<rec>") })
         }

@@ -27,6 +27,14 @@ pub fn token_space(tokenizer: &TextTokenizer) -> String {
     format!("model:{}", &blake3::hash(tokenizer.source().as_bytes()).to_hex()[..16])
 }
 
+/// The environment's action grammar in text (`Grammar::lark`) over the model's vocabulary, ended
+/// by its first stop token: what a text policy samples under and its update scores with.
+pub fn text_grammar(policy: &Policy, tokenizer: &TextTokenizer, env_grammar: &dyn Grammar) -> anyhow::Result<TextGrammar> {
+    let stop = *policy.stop_tokens.first().ok_or_else(|| anyhow::anyhow!("the model has no stop token"))?;
+    let lark = |recursive| env_grammar.lark(recursive).ok_or_else(|| anyhow::anyhow!("this environment's actions have no text form"));
+    TextGrammar::new(tokenizer.token_bytes()?, stop, policy.cfg.vocab, &lark(false)?, &lark(true)?)
+}
+
 /// How a chat template continues a conversation: rendered once at the start, checked for the
 /// two properties token-in-token-out needs.
 struct Continuation {
@@ -84,8 +92,7 @@ impl TextPolicy {
         let stop = *policy.stop_tokens.first().ok_or_else(|| anyhow::anyhow!("the model has no stop token"))?;
         let stop_text = tokenizer.decode(&[stop], false)?;
         let continuation = Continuation::new(template, &stop_text)?;
-        let lark = |recursive| env_grammar.lark(recursive).ok_or_else(|| anyhow::anyhow!("this environment's actions have no text form"));
-        let grammar = TextGrammar::new(tokenizer.token_bytes()?, stop, policy.cfg.vocab, &lark(false)?, &lark(true)?)?;
+        let grammar = text_grammar(&policy, &tokenizer, env_grammar)?;
         Ok(TextPolicy {
             space: token_space(&tokenizer).into(),
             policy,
@@ -194,6 +201,10 @@ impl rao_agent::Policy for TextPolicy {
 
     fn counters(&self) -> Vec<(&'static str, f64)> {
         vec![("text_unusable_replies", self.unusable.load(Ordering::Relaxed) as f64)]
+    }
+
+    fn counts_own_window(&self) -> bool {
+        true
     }
 }
 

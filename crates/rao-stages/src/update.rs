@@ -9,8 +9,9 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::envs;
-use crate::neural::{load_policy, write_checkpoint};
+use crate::neural::{LoadedModel, load_model, training_grammar, write_checkpoint};
 use crate::rollout::{Rollout, tree_metrics};
+use crate::text_policy::token_space;
 use crate::training::{node_sequence, read_trees, retry_rate};
 
 #[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
@@ -101,10 +102,23 @@ impl TypedStage for Update {
     fn run(ctx: StageContext, p: UpdateParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
             let set = envs::load(&ctx, "tasks").await?;
-            let mut policy = load_policy(&ctx, "checkpoint", p.backend).await?;
+            let model = load_model(&ctx, "checkpoint", p.backend).await?;
+            let grammar = training_grammar(&model, set.as_ref(), p.max_children)?;
+            let LoadedModel { mut policy, text } = model;
             policy.optim.clip_norm = p.grad_clip;
             let nodes = read_trees(&ctx, "trees").await?;
-            let grammar = set.grammar(p.max_children);
+            // Ids are only comparable in the token space the checkpoint acts in.
+            let space = text.as_ref().map(|t| token_space(&t.tokenizer)).unwrap_or_default();
+            if let Some(n) = nodes.iter().find(|n| n.token_space != space) {
+                let name = |s: &str| if s.is_empty() { "the environment's tokens".to_string() } else { format!("`{s}`") };
+                anyhow::bail!(
+                    "the trees hold ids in {} (task {}, node {}) but the checkpoint acts in {}: train a checkpoint on trees of its own rollouts",
+                    name(&n.token_space),
+                    n.task_id,
+                    n.node_id,
+                    name(&space)
+                );
+            }
             let mut seqs: Vec<_> = nodes
                 .iter()
                 .filter_map(|n| n.advantage.filter(|a| a.is_finite()).map(|a| node_sequence(n, set.vocab(), a as f32)))
@@ -166,7 +180,7 @@ impl TypedStage for Update {
             row.insert("mean_root_reward".into(), r.iter().sum::<f64>() / r.len().max(1) as f64);
             history.push(row);
             ctx.write_output("checkpoint", HISTORY_FILE, serde_json::to_string_pretty(&history)?.as_bytes())?;
-            write_checkpoint(&ctx, "checkpoint", &policy.checkpoint())
+            write_checkpoint(&ctx, "checkpoint", &policy.checkpoint(), text.as_ref())
         })
     }
 }

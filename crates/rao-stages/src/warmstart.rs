@@ -411,7 +411,7 @@ impl TypedStage for Warmstart {
                     p.gate.min_node_success
                 );
             }
-            write_checkpoint(&ctx, "checkpoint", &checkpoint)
+            write_checkpoint(&ctx, "checkpoint", &checkpoint, None)
         })
     }
 }

@@ -54,7 +54,8 @@ fn env_context(set: &dyn TaskSet, n: &NodeRecord, k: usize) -> Vec<Tok> {
     ctx
 }
 
-async fn act_in(set: &dyn TaskSet, model: &Arc<Policy>, tokenizer: &Arc<hf::TextTokenizer>) {
+/// Acts in `set`, checks the trees, then takes one CISPO step on them under the text grammar.
+async fn act_and_train(set: &dyn TaskSet, model: &Arc<Policy>, tokenizer: &Arc<hf::TextTokenizer>) {
     let name = set.env();
     // Small trees: the model is random, so it launches sub-agents at random.
     let limits = LimitParams { window: 1 << 20, step_budget: Some(4), max_depth: 2, max_children: 3, max_nodes: 8, ..Default::default() }
@@ -113,6 +114,16 @@ async fn act_in(set: &dyn TaskSet, model: &Arc<Policy>, tokenizer: &Arc<hf::Text
             assert!((a - b).abs() < 1e-4, "{name}: sampled log-prob {a} vs {b} from the stored tokens");
         }
     }
+    // A gradient step on them, masked by the same grammar, moves the model.
+    let mut learner = Policy::from_checkpoint(&model.checkpoint(), Backend::Cpu).unwrap();
+    let signed: Vec<_> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| rao_policy::Sequence { advantage: if i % 2 == 0 { 1.0 } else { -1.0 }, ..s.clone() })
+        .collect();
+    let m = learner.train_step(&signed, policy.grammar(), rao_policy::Loss::Cispo { lo: 0.0, hi: 5.0 }, 1e-3, 1.0);
+    assert!(m.loss.is_finite() && m.grad_norm > 0.0, "{name}: {m:?}");
+    assert_ne!(learner.sequence_logprobs(&seqs, policy.grammar(), 1.0), fresh, "{name}: the step changed nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,13 +134,17 @@ async fn a_language_model_acts_in_text_in_every_environment_token_in_token_out()
 
     let world = Arc::new(textcraft::generate(&textcraft::SynthConfig::small(), 3));
     let tasks = textcraft::synthesize(&world, textcraft::Band::Medium, 2, true, 3);
-    act_in(&rao_stages::envs::textcraft::task_set(&world, &tasks), &model, &tokenizer).await;
+    act_and_train(&rao_stages::envs::textcraft::task_set(&world, &tasks), &model, &tokenizer).await;
 
     let doc = longdoc::DocConfig { min_lines: 20, max_lines: 60, ..Default::default() };
-    act_in(&LongDocSet { lang: Arc::new(longdoc::Lang::new(&doc)), tasks: longdoc::synthesize(&doc, 2, true, 3) }, &model, &tokenizer)
-        .await;
+    act_and_train(
+        &LongDocSet { lang: Arc::new(longdoc::Lang::new(&doc)), tasks: longdoc::synthesize(&doc, 2, true, 3) },
+        &model,
+        &tokenizer,
+    )
+    .await;
 
     let graph = multihop::generate(&multihop::GraphConfig::default(), 3);
     let tasks = multihop::synthesize(&graph, (3, 3), 2, true, 3);
-    act_in(&MultiHopSet { lang: Arc::new(multihop::Lang::new(graph)), tasks }, &model, &tokenizer).await;
+    act_and_train(&MultiHopSet { lang: Arc::new(multihop::Lang::new(graph)), tasks }, &model, &tokenizer).await;
 }

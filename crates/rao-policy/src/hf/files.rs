@@ -21,8 +21,12 @@ pub fn read_text(path: &Path, limit: u64) -> anyhow::Result<String> {
 /// `path:line:column`.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> anyhow::Result<(T, String)> {
     let text = read_text(path, MAX_JSON_BYTES)?;
-    let value = serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}:{}:{}: {e}", path.display(), e.line(), e.column()))?;
-    Ok((value, text))
+    Ok((parse_json(path, &text)?, text))
+}
+
+/// JSON text from `path` parsed as `T`; errors say `path:line:column`.
+pub fn parse_json<T: DeserializeOwned>(path: &Path, text: &str) -> anyhow::Result<T> {
+    serde_json::from_str(text).map_err(|e| anyhow::anyhow!("{}:{}:{}: {e}", path.display(), e.line(), e.column()))
 }
 
 /// `path:line:column` of the first `"key"` in a JSON text (the file itself when absent), for

@@ -16,7 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 pub use config::{Family, HfConfig, read_config};
-pub use tokenizer::TextTokenizer;
+pub use tokenizer::{TextTokenizer, TokenizerFiles};
 
 use burn::module::Module;
 

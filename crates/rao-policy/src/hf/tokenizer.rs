@@ -6,10 +6,44 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::chat::ChatTemplate;
-use super::files::{locate, read_json, read_text};
+use super::files::{locate, parse_json, read_text};
 
 /// The largest `tokenizer.json` read.
 const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
+/// The text of a tokenizer's files, as a checkpoint directory or artifact holds them.
+#[derive(Debug, Clone, Default)]
+pub struct TokenizerFiles {
+    /// `tokenizer.json`
+    pub tokenizer: String,
+    /// `tokenizer_config.json` (special tokens, the chat template)
+    pub config: Option<String>,
+    /// `chat_template.jinja` (where the template is not in the config)
+    pub chat_template: Option<String>,
+}
+
+impl TokenizerFiles {
+    /// The files of a checkpoint directory (`tokenizer.json` required).
+    pub fn read(dir: &Path) -> anyhow::Result<TokenizerFiles> {
+        let optional = |name: &str, limit: u64| -> anyhow::Result<Option<String>> {
+            let path = dir.join(name);
+            if path.exists() { Ok(Some(read_text(&path, limit)?)) } else { Ok(None) }
+        };
+        Ok(TokenizerFiles {
+            tokenizer: read_text(&dir.join("tokenizer.json"), MAX_TOKENIZER_BYTES)?,
+            config: optional("tokenizer_config.json", MAX_TOKENIZER_BYTES)?,
+            chat_template: optional("chat_template.jinja", 1 << 20)?,
+        })
+    }
+
+    /// The files' names and contents, as they are written next to a checkpoint.
+    pub fn named(&self) -> Vec<(&'static str, &str)> {
+        let mut out = vec![("tokenizer.json", self.tokenizer.as_str())];
+        out.extend(self.config.as_deref().map(|c| ("tokenizer_config.json", c)));
+        out.extend(self.chat_template.as_deref().map(|c| ("chat_template.jinja", c)));
+        out
+    }
+}
 
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
@@ -25,14 +59,20 @@ pub struct TextTokenizer {
 impl TextTokenizer {
     /// Reads `tokenizer.json` and, when present, `tokenizer_config.json` and `chat_template.jinja`.
     pub fn load(dir: &Path) -> anyhow::Result<TextTokenizer> {
-        let path = dir.join("tokenizer.json");
-        let text = read_text(&path, MAX_TOKENIZER_BYTES)?;
+        TextTokenizer::from_files(TokenizerFiles::read(dir)?, &|name| dir.join(name).display().to_string())
+    }
+
+    /// A tokenizer from the contents of its files; `name_of(file)` says where each came from (for
+    /// errors).
+    pub fn from_files(files: TokenizerFiles, name_of: &dyn Fn(&str) -> String) -> anyhow::Result<TextTokenizer> {
+        let TokenizerFiles { tokenizer: text, config, chat_template } = files;
         let inner: tokenizers::Tokenizer =
-            text.parse().map_err(|e| anyhow::anyhow!("{}: not a readable tokenizer ({e})", path.display()))?;
+            text.parse().map_err(|e| anyhow::anyhow!("{}: not a readable tokenizer ({e})", name_of("tokenizer.json")))?;
         let mut tok = TextTokenizer { inner, source: text, bos_token: None, eos_token: None, chat: None };
-        let config = dir.join("tokenizer_config.json");
-        if config.exists() {
-            let (cfg, text): (Value, String) = read_json(&config)?;
+        if let Some(config_text) = config {
+            let config = std::path::PathBuf::from(name_of("tokenizer_config.json"));
+            let cfg: Value = parse_json(&config, &config_text)?;
+            let text = config_text;
             let token = |key: &str| -> anyhow::Result<Option<String>> {
                 match cfg.get(key) {
                     None | Some(Value::Null) => Ok(None),
@@ -64,12 +104,10 @@ impl TextTokenizer {
                 );
             }
         }
-        let jinja = dir.join("chat_template.jinja");
-        if tok.chat.is_none() && jinja.exists() {
-            let source = read_text(&jinja, 1 << 20)?;
+        if let (None, Some(source)) = (&tok.chat, chat_template) {
             tok.chat = Some(
                 ChatTemplate::new(source, tok.bos_token.clone(), tok.eos_token.clone())
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", jinja.display()))?,
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", name_of("chat_template.jinja")))?,
             );
         }
         Ok(tok)

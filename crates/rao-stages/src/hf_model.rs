@@ -1,0 +1,59 @@
+//! `hf_model`: a Hugging Face causal language model as published — a `dataset` of its directory
+//! (`config.json`, safetensors weights, `tokenizer.json`, `tokenizer_config.json` with the chat
+//! template, `generation_config.json`), from a local folder or a bucket — as a checkpoint the RL
+//! stages take. `rollout` and `evaluate` with `policy: checkpoint` then act in text through its
+//! chat template and the environment's grammar over its vocabulary; `update` fine-tunes it on its
+//! own trees (every weight, in f32: for models that fit a CPU's memory several times over).
+
+use futures::future::BoxFuture;
+use rao_pipeline::{InputDecl, StageContext, TypedStage};
+use rao_policy::Backend;
+use rao_policy::hf::{self, TokenizerFiles};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::neural::{TextModel, write_checkpoint};
+
+#[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HfModelParams {
+    /// Where the weights are read into (the checkpoint is the same either way).
+    #[serde(default)]
+    pub backend: Backend,
+}
+
+pub struct HfModel;
+
+impl TypedStage for HfModel {
+    fn code() -> &'static str {
+        crate::code::of("hf_model")
+    }
+    type Params = HfModelParams;
+    const NAME: &'static str = "hf_model";
+    const VERSION: u32 = 1;
+    const DESCRIBE: &'static str = "a Hugging Face causal LM directory (a dataset's files) as a checkpoint that acts in text";
+    const INPUTS: &'static [InputDecl] = &[InputDecl { name: "files", required: true }];
+    const OUTPUTS: &'static [&'static str] = &["checkpoint"];
+
+    fn run(ctx: StageContext, p: HfModelParams) -> BoxFuture<'static, anyhow::Result<()>> {
+        Box::pin(async move {
+            let files = ctx.input("files")?.first().ok_or_else(|| anyhow::anyhow!("input `files` is empty"))?.clone();
+            let dir = ctx.input_dir(&files).await?;
+            let model = hf::load(&dir, p.backend)?;
+            let tokenizer = model.tokenizer.ok_or_else(|| {
+                anyhow::anyhow!("the model directory has no tokenizer.json: a model that acts in text needs its tokenizer")
+            })?;
+            anyhow::ensure!(
+                tokenizer.chat.is_some(),
+                "the model's tokenizer has no chat template (tokenizer_config.json's `chat_template` or chat_template.jinja): \
+                 rao renders each node's conversation through it"
+            );
+            let text = TextModel { files: TokenizerFiles::read(&dir)?, tokenizer: std::sync::Arc::new(tokenizer) };
+            let cfg = &model.policy.cfg;
+            ctx.set_metric("parameters", model.policy.trainable_params().iter().map(|p| p.len()).sum::<usize>() as f64);
+            ctx.set_metric("vocabulary", cfg.vocab as f64);
+            ctx.note(format!("{:?}: {} layers, width {}, {} ids", model.family, cfg.n_layers, cfg.d_model, cfg.vocab));
+            write_checkpoint(&ctx, "checkpoint", &model.policy.checkpoint(), Some(&text))
+        })
+    }
+}

@@ -1,0 +1,118 @@
+//! A Hugging Face model through the pipeline, end to end: a tiny random Qwen3 made by
+//! transformers (crates/rao-policy/tests/hf/reference.py, with the Python scripts/test sets up:
+//! RAO_PYTHON) read as a `dataset` of its directory, made a checkpoint by `hf_model`, acting in
+//! text in `rollout` and `evaluate` (`policy: checkpoint`), judged, and passed through `update`
+//! on its own tokens (tests/text_policy.rs of rao-stages checks the gradient step itself); an
+//! update given trees in the environment's tokens is refused.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn rao(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// The reference checkpoints (reference.py `make`), into `dir`.
+fn make_models(dir: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../rao-policy/tests/hf/reference.py");
+    let python = std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let o = Command::new(python).arg(script).arg("make").arg(dir).output().expect("running Python");
+    assert!(o.status.success(), "reference.py failed (set RAO_PYTHON to scripts/test's interpreter):\n{}", text(&o));
+}
+
+const PIPELINE: &str = r#"
+name: text-model
+seed: 3
+params:
+  model: models/qwen3
+  limits: {window: 3000, max_depth: 2, max_children: 2, max_nodes: 6, step_budget: 3}
+stages:
+  model_files: {kind: dataset, params: {url: "${params.model}"}}
+  base: {kind: hf_model, inputs: {files: model_files.data}}
+  train_tasks: {kind: synthesize, params: {bands: [easy], per_band: 2, task_seed: 1}}
+  eval_tasks: {kind: synthesize, params: {bands: [easy], per_band: 2, split: validation, task_seed: 2}}
+  rollout:
+    kind: rollout
+    inputs: {tasks: train_tasks.tasks, checkpoint: base.checkpoint}
+    params: {policy: checkpoint, group_size: 3, limits: "${params.limits}"}
+  judge: {kind: judge, inputs: {trees: rollout.trees, tasks: train_tasks.tasks}, params: {mode: exact}}
+  advantage:
+    kind: advantage
+    inputs: {trees: judge.trees}
+    # Every node is rewarded by its own score; the random model rarely scores, so the delegation
+    # bonus gives its groups a spread to learn from.
+    params: {lambda: 0.5}
+  update:
+    kind: update
+    inputs: {checkpoint: base.checkpoint, trees: advantage.trees, tasks: train_tasks.tasks}
+    params: {lr: 1.0e-3, max_children: 2}
+  evaluate:
+    kind: evaluate
+    inputs: {tasks: eval_tasks.tasks, checkpoint: update.checkpoint}
+    params: {modes: [recursive, flat], group_size: 1, limits: "${params.limits}"}
+"#;
+
+const MIXED: &str = r#"
+  expert_rollout:
+    kind: rollout
+    inputs: {tasks: train_tasks.tasks}
+    params: {policy: expert, group_size: 2, limits: "${params.limits}"}
+  expert_judge: {kind: judge, inputs: {trees: expert_rollout.trees, tasks: train_tasks.tasks}, params: {mode: exact}}
+  expert_advantage: {kind: advantage, inputs: {trees: expert_judge.trees}}
+  mixed_update:
+    kind: update
+    inputs: {checkpoint: base.checkpoint, trees: expert_advantage.trees, tasks: train_tasks.tasks}
+    params: {max_children: 2}
+"#;
+
+fn file_of(dir: &Path, instance: &str, file: &str) -> std::path::PathBuf {
+    let o = rao(&["path", "p.yaml", instance, file], dir);
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).trim().into()
+}
+
+#[test]
+fn a_hugging_face_model_acts_in_text_through_the_pipeline_and_updates_on_its_own_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    make_models(&dir.path().join("models"));
+    std::fs::write(dir.path().join("p.yaml"), PIPELINE).unwrap();
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+
+    // The trees hold the model's own tokens, named by its tokenizer.
+    let trees =
+        rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), "rollout", "trees.parquet")).unwrap().into()).unwrap();
+    assert!(trees.iter().all(|n| n.token_space.starts_with("model:")), "{:?}", trees[0].token_space);
+    assert!(trees.iter().all(|n| n.turns.iter().all(|t| !t.observation.contains("err syntax"))), "every sampled action parses");
+    // The checkpoints carry the tokenizer; the update changed the weights.
+    for instance in ["base", "update"] {
+        assert!(file_of(dir.path(), instance, "tokenizer.json").exists(), "{instance}");
+    }
+    // The update trained on the model's own sequences: it changes the weights exactly when some
+    // node has an advantage (a random model rarely solves a task, so often none does).
+    let advantaged =
+        rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), "advantage", "trees.parquet")).unwrap().into())
+            .unwrap()
+            .iter()
+            .any(|n| n.advantage.is_some_and(|a| a != 0.0));
+    let weights = |instance| std::fs::read(file_of(dir.path(), instance, "model.bpk")).unwrap();
+    assert_eq!(weights("base") != weights("update"), advantaged, "the update changes the model iff it has a signal");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(file_of(dir.path(), "update", "checkpoint.json")).unwrap()).unwrap();
+    assert_eq!(meta["version"], 1);
+    let summary = file_of(dir.path(), "evaluate", "summary.json");
+    assert!(summary.exists());
+    let eval =
+        rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), "evaluate", "trees.parquet")).unwrap().into()).unwrap();
+    assert!(eval.iter().any(|n| n.mode == "flat") && eval.iter().all(|n| n.token_space == trees[0].token_space));
+
+    // An update of the model on trees in the environment's tokens is refused, saying why.
+    std::fs::write(dir.path().join("p.yaml"), format!("{PIPELINE}{MIXED}")).unwrap();
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(!o.status.success());
+    assert!(text(&o).contains("the trees hold ids in the environment's tokens"), "{}", text(&o));
+}
