@@ -56,7 +56,30 @@ stages:
     params: {modes: [recursive, flat], group_size: 1, limits: "${params.limits}"}
 "#;
 
+/// LoRA: adapters only in the checkpoints, the base read from the model's files by each stage.
+const LORA: &str = r#"
+  lora_base:
+    kind: hf_model
+    inputs: {files: model_files.data}
+    params: {lora: {rank: 4, alpha: 8.0, targets: [q_proj, v_proj, down_proj]}}
+  lora_rollout:
+    kind: rollout
+    inputs: {tasks: train_tasks.tasks, checkpoint: lora_base.checkpoint, base: model_files.data}
+    params: {policy: checkpoint, group_size: 3, limits: "${params.limits}"}
+  lora_judge: {kind: judge, inputs: {trees: lora_rollout.trees, tasks: train_tasks.tasks}, params: {mode: exact}}
+  lora_advantage: {kind: advantage, inputs: {trees: lora_judge.trees}, params: {lambda: 0.5}}
+  lora_update:
+    kind: update
+    inputs: {checkpoint: lora_base.checkpoint, trees: lora_advantage.trees, tasks: train_tasks.tasks, base: model_files.data}
+    params: {lr: 1.0e-3, max_children: 2}
+"#;
+
+/// Stages that must fail, each saying why.
 const MIXED: &str = r#"
+  lora_without_base:
+    kind: evaluate
+    inputs: {tasks: eval_tasks.tasks, checkpoint: lora_update.checkpoint}
+    params: {modes: [recursive], group_size: 1, limits: "${params.limits}"}
   expert_rollout:
     kind: rollout
     inputs: {tasks: train_tasks.tasks}
@@ -79,7 +102,7 @@ fn file_of(dir: &Path, instance: &str, file: &str) -> std::path::PathBuf {
 fn a_hugging_face_model_acts_in_text_through_the_pipeline_and_updates_on_its_own_tokens() {
     let dir = tempfile::tempdir().unwrap();
     make_models(&dir.path().join("models"));
-    std::fs::write(dir.path().join("p.yaml"), PIPELINE).unwrap();
+    std::fs::write(dir.path().join("p.yaml"), format!("{PIPELINE}{LORA}")).unwrap();
     let o = rao(&["run", "p.yaml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
 
@@ -110,9 +133,22 @@ fn a_hugging_face_model_acts_in_text_through_the_pipeline_and_updates_on_its_own
         rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), "evaluate", "trees.parquet")).unwrap().into()).unwrap();
     assert!(eval.iter().any(|n| n.mode == "flat") && eval.iter().all(|n| n.token_space == trees[0].token_space));
 
-    // An update of the model on trees in the environment's tokens is refused, saying why.
-    std::fs::write(dir.path().join("p.yaml"), format!("{PIPELINE}{MIXED}")).unwrap();
+    // LoRA: the checkpoints hold the adapters alone (a fraction of the model), the base stays.
+    let lora: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(file_of(dir.path(), "lora_update", "checkpoint.json")).unwrap()).unwrap();
+    assert_eq!(lora["lora"]["rank"], 4, "{lora}");
+    let size = |instance| std::fs::metadata(file_of(dir.path(), instance, "model.bpk")).unwrap().len();
+    assert!(size("lora_update") * 5 < size("base"), "adapters {} B, model {} B", size("lora_update"), size("base"));
+    let lora_trees =
+        rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), "lora_rollout", "trees.parquet")).unwrap().into())
+            .unwrap();
+    assert!(lora_trees.iter().all(|n| n.token_space == trees[0].token_space));
+
+    // Refused, saying why: adapters without their base; an update of the model on trees in the
+    // environment's tokens.
+    std::fs::write(dir.path().join("p.yaml"), format!("{PIPELINE}{LORA}{MIXED}")).unwrap();
     let o = rao(&["run", "p.yaml"], dir.path());
     assert!(!o.status.success());
     assert!(text(&o).contains("the trees hold ids in the environment's tokens"), "{}", text(&o));
+    assert!(text(&o).contains("holds LoRA adapters only: give this stage the base model's files as input `base`"), "{}", text(&o));
 }

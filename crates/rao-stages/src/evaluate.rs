@@ -148,7 +148,12 @@ impl TypedStage for Evaluate {
     // 6: trees with mode, band, run and env; 7: no HTML page of its own (`rao report` draws one per run)
     const VERSION: u32 = 7;
     const DESCRIBE: &'static str = "held-out success per band (with 95% CI), tree shape, cost and wall-clock; trees and metrics as Parquet";
-    const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "checkpoint", required: false }];
+    const INPUTS: &'static [InputDecl] = &[
+        InputDecl { name: "tasks", required: true },
+        InputDecl { name: "checkpoint", required: false },
+        // The base model's files, for a checkpoint of LoRA adapters (`hf_model` with `lora`).
+        InputDecl { name: crate::neural::BASE_INPUT, required: false },
+    ];
     const OUTPUTS: &'static [&'static str] = &["report"];
 
     fn run(ctx: StageContext, p: EvaluateParams) -> BoxFuture<'static, anyhow::Result<()>> {

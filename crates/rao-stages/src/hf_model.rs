@@ -9,6 +9,7 @@ use futures::future::BoxFuture;
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use rao_policy::Backend;
 use rao_policy::hf::{self, TokenizerFiles};
+use rao_policy::lora::LoraConfig;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -20,6 +21,11 @@ pub struct HfModelParams {
     /// Where the weights are read into (the checkpoint is the same either way).
     #[serde(default)]
     pub backend: Backend,
+    /// Train LoRA adapters instead of every weight: the checkpoint (and every later one) holds
+    /// the adapters and their optimiser state only, and the stages that load it take the base
+    /// model's files as input `base` (this stage's `files`). Initialised from the run's seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 pub struct HfModel;
@@ -39,7 +45,10 @@ impl TypedStage for HfModel {
         Box::pin(async move {
             let files = ctx.input("files")?.first().ok_or_else(|| anyhow::anyhow!("input `files` is empty"))?.clone();
             let dir = ctx.input_dir(&files).await?;
-            let model = hf::load(&dir, p.backend)?;
+            let mut model = hf::load(&dir, p.backend)?;
+            if let Some(lora) = p.lora {
+                model.policy.add_lora(lora, ctx.seed)?;
+            }
             let tokenizer = model.tokenizer.ok_or_else(|| {
                 anyhow::anyhow!("the model directory has no tokenizer.json: a model that acts in text needs its tokenizer")
             })?;
@@ -50,7 +59,7 @@ impl TypedStage for HfModel {
             );
             let text = TextModel { files: TokenizerFiles::read(&dir)?, tokenizer: std::sync::Arc::new(tokenizer) };
             let cfg = &model.policy.cfg;
-            ctx.set_metric("parameters", model.policy.trainable_params().iter().map(|p| p.len()).sum::<usize>() as f64);
+            ctx.set_metric("trainable_parameters", model.policy.trainable_params().iter().map(|p| p.len()).sum::<usize>() as f64);
             ctx.set_metric("vocabulary", cfg.vocab as f64);
             ctx.note(format!("{:?}: {} layers, width {}, {} ids", model.family, cfg.n_layers, cfg.d_model, cfg.vocab));
             write_checkpoint(&ctx, "checkpoint", &model.policy.checkpoint(), Some(&text))

@@ -17,6 +17,8 @@ use crate::text_policy::{TextPolicy, text_grammar};
 pub const META_FILE: &str = "checkpoint.json";
 pub const PARAMS_FILE: &str = "model.bpk";
 pub const OPTIM_FILE: &str = "optim.bin";
+/// The input that gives a stage the base model of a checkpoint of LoRA adapters.
+pub const BASE_INPUT: &str = "base";
 
 /// Writes a checkpoint; a language model's tokenizer files go along (what makes it act in text).
 pub fn write_checkpoint(ctx: &StageContext, output: &str, ck: &Checkpoint, text: Option<&TextModel>) -> anyhow::Result<()> {
@@ -44,7 +46,24 @@ pub struct LoadedModel {
 /// The checkpoint of input `input`, with its tokenizer when it has one.
 pub async fn load_model(ctx: &StageContext, input: &str, backend: Backend) -> anyhow::Result<LoadedModel> {
     let a = ctx.input(input)?.first().ok_or_else(|| anyhow::anyhow!("input `{input}` is empty"))?.clone();
-    let policy = Policy::from_checkpoint(&read_checkpoint(ctx, &a).await?, backend)?;
+    let ck = read_checkpoint(ctx, &a).await?;
+    let policy = match ck.meta.lora {
+        None => Policy::from_checkpoint(&ck, backend)?,
+        // Adapters only: onto the base model they were made for, read once from its files.
+        Some(_) => {
+            let base = ctx.input(BASE_INPUT).ok().and_then(|b| b.first().cloned()).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the `{input}` checkpoint holds LoRA adapters only: give this stage the base model's files as input \
+                     `{BASE_INPUT}` (the dataset that `hf_model` read, e.g. `{BASE_INPUT}: model_files.data`)"
+                )
+            })?;
+            let mut policy = rao_policy::hf::load(&ctx.input_dir(&base).await?, backend)?.policy;
+            policy
+                .load_adapters(&ck)
+                .map_err(|e| anyhow::anyhow!("the `{input}` checkpoint's adapters on the `{BASE_INPUT}` model: {e}"))?;
+            policy
+        }
+    };
     let has = |name: &str| a.files.iter().any(|f| f.path == name);
     if !has("tokenizer.json") {
         return Ok(LoadedModel { policy, text: None });

@@ -406,7 +406,12 @@ impl TypedStage for Rollout {
     const NAME: &'static str = "rollout";
     const VERSION: u32 = 4; // 2: fused projections in the model (new float rounding); 3: expert recovery; 4: fused CPU kernels
     const DESCRIBE: &'static str = "run G execution trees per task with a policy; writes the node table (Parquet)";
-    const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }, InputDecl { name: "checkpoint", required: false }];
+    const INPUTS: &'static [InputDecl] = &[
+        InputDecl { name: "tasks", required: true },
+        InputDecl { name: "checkpoint", required: false },
+        // The base model's files, for a checkpoint of LoRA adapters (`hf_model` with `lora`).
+        InputDecl { name: crate::neural::BASE_INPUT, required: false },
+    ];
     const OUTPUTS: &'static [&'static str] = &["trees"];
 
     fn run(ctx: StageContext, p: RolloutParams) -> BoxFuture<'static, anyhow::Result<()>> {

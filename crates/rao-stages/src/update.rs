@@ -78,6 +78,8 @@ impl TypedStage for Update {
         InputDecl { name: "checkpoint", required: true },
         InputDecl { name: "trees", required: true },
         InputDecl { name: "tasks", required: true },
+        // The base model's files, for a checkpoint of LoRA adapters (`hf_model` with `lora`).
+        InputDecl { name: crate::neural::BASE_INPUT, required: false },
     ];
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
 
