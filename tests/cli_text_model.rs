@@ -34,6 +34,12 @@ stages:
   model_files: {kind: dataset, params: {url: "${params.model}"}}
   base: {kind: hf_model, inputs: {files: model_files.data}}
   train_tasks: {kind: synthesize, params: {bands: [easy], per_band: 2, task_seed: 1}}
+  gate_tasks: {kind: synthesize, params: {tiers: [1, 1], per_band: 2, split: validation, task_seed: 4}}
+  warmstart:
+    kind: warmstart
+    description: The scripted expert's demonstrations, rendered as the model's conversations.
+    inputs: {tasks: train_tasks.tasks, gate_tasks: gate_tasks.tasks, checkpoint: base.checkpoint}
+    params: {limits: "${params.limits}", demos: {recursive_trees: 1, flat_trees: 1}, max_steps: 3, eval_every: 3, batch: 4, lr: 1.0e-3, gate: {required: false}}
   eval_tasks: {kind: synthesize, params: {bands: [easy], per_band: 2, split: validation, task_seed: 2}}
   rollout:
     kind: rollout
@@ -62,6 +68,10 @@ const LORA: &str = r#"
     kind: hf_model
     inputs: {files: model_files.data}
     params: {lora: {rank: 4, alpha: 8.0, targets: [q_proj, v_proj, down_proj]}}
+  lora_warmstart:
+    kind: warmstart
+    inputs: {tasks: train_tasks.tasks, gate_tasks: gate_tasks.tasks, checkpoint: lora_base.checkpoint, base: model_files.data}
+    params: {limits: "${params.limits}", demos: {recursive_trees: 1, flat_trees: 0}, max_steps: 2, eval_every: 2, batch: 4, lr: 1.0e-3, gate: {required: false}}
   lora_rollout:
     kind: rollout
     inputs: {tasks: train_tasks.tasks, checkpoint: lora_base.checkpoint, base: model_files.data}
@@ -132,6 +142,14 @@ fn a_hugging_face_model_acts_in_text_through_the_pipeline_and_updates_on_its_own
     let eval =
         rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), "evaluate", "trees.parquet")).unwrap().into()).unwrap();
     assert!(eval.iter().any(|n| n.mode == "flat") && eval.iter().all(|n| n.token_space == trees[0].token_space));
+
+    // The warm start trained the model on text demonstrations (full and LoRA), in its tokens.
+    assert!(weights("base") != weights("warmstart"), "the warm start trained the model");
+    assert!(file_of(dir.path(), "warmstart", "tokenizer.json").exists());
+    let lora_ws: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(file_of(dir.path(), "lora_warmstart", "checkpoint.json")).unwrap()).unwrap();
+    assert_eq!(lora_ws["lora"]["rank"], 4);
+    assert!(weights("lora_base") != weights("lora_warmstart"), "the LoRA warm start trained the adapters");
 
     // LoRA: the checkpoints hold the adapters alone (a fraction of the model), the base stays.
     let lora: serde_json::Value =

@@ -135,6 +135,9 @@ pub struct CheckpointMeta {
     pub lora: Option<LoraConfig>,
 }
 
+/// A clone shares the parameters' storage until one of the two trains (Burn's tensors are
+/// copy-on-write): a cheap snapshot.
+#[derive(Clone)]
 pub struct Policy {
     pub cfg: ModelConfig,
     pub model: Transformer,
@@ -224,11 +227,14 @@ impl Policy {
     }
 
     /// Restores a checkpoint of LoRA adapters ([`Policy::checkpoint`] of an adapted policy) onto
-    /// this policy, its base.
+    /// this policy, its base (replacing its adapters' values if it has the same adapters).
     pub fn load_adapters(&mut self, ck: &Checkpoint) -> anyhow::Result<()> {
         let cfg = ck.meta.lora.clone().ok_or_else(|| anyhow::anyhow!("the checkpoint holds no LoRA adapters"))?;
         anyhow::ensure!(ck.meta.config == self.cfg, "the adapters were trained on a model of another shape");
-        self.add_lora(cfg, 0)?;
+        match &self.lora {
+            None => self.add_lora(cfg, 0)?,
+            Some(have) => anyhow::ensure!(*have == cfg, "the policy has other adapters than the checkpoint's"),
+        }
         let shapes: Vec<Vec<usize>> =
             param_shapes(&self.model).into_iter().zip(&self.trainable).filter(|(_, t)| **t).map(|(s, _)| s).collect();
         anyhow::ensure!(shapes == ck.meta.param_shapes, "the checkpoint's adapter shapes do not match its LoRA settings");

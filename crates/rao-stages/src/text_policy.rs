@@ -13,12 +13,12 @@ use futures::future::BoxFuture;
 use rao_agent::{ModelTokens, Request, Response};
 use rao_envs::Episode;
 use rao_envs::grammar::Grammar;
-use rao_envs::text::{Message, Role, conversation, parse_reply};
+use rao_envs::text::{Message, Role, conversation, parse_reply, words};
 use rao_envs::vocab::{EOS, Tok};
 use rao_policy::hf::TextTokenizer;
 use rao_policy::hf::chat::ChatTemplate;
 use rao_policy::hf::constraint::TextGrammar;
-use rao_policy::{Policy, SampleRequest};
+use rao_policy::{Policy, SampleRequest, Sequence};
 use serde_json::json;
 
 /// `model:` and the first 16 hex digits of the blake3 of `tokenizer.json`: the trees'
@@ -62,53 +62,23 @@ impl Continuation {
     }
 }
 
-/// A Hugging Face model's checkpoint as the runtime's policy, acting in text.
-pub struct TextPolicy {
-    policy: Arc<Policy>,
-    tokenizer: Arc<TextTokenizer>,
-    grammar: Arc<TextGrammar>,
-    text_form: Arc<dyn Episode>,
+/// An environment's text form for one model: conversations rendered through its chat template
+/// and tokenized as the model acts on them. Shared by the policy acting and by the warm start,
+/// whose demonstrations are the same token sequences a rollout of the same actions records.
+pub struct TextForm {
+    pub tokenizer: Arc<TextTokenizer>,
+    /// Any episode of the environment (its instructions and how to read a node's context).
+    episode: Arc<dyn Episode>,
     continuation: Continuation,
-    space: Arc<str>,
-    temperature: f64,
-    /// The node's window, in the model's tokens.
-    window: usize,
-    /// Replies that did not read as an action (impossible under the grammar; counted).
-    pub unusable: AtomicUsize,
+    /// The token that ends a reply.
+    stop: Tok,
 }
 
-impl TextPolicy {
-    /// `grammar` is the environment's action grammar (its `lark` text form is compiled over the
-    /// tokenizer's vocabulary), `text_form` any episode of the environment.
-    pub fn new(
-        policy: Arc<Policy>,
-        tokenizer: Arc<TextTokenizer>,
-        env_grammar: &dyn Grammar,
-        text_form: Arc<dyn Episode>,
-        temperature: f64,
-        window: usize,
-    ) -> anyhow::Result<Self> {
+impl TextForm {
+    pub fn new(tokenizer: Arc<TextTokenizer>, episode: Arc<dyn Episode>, stop: Tok) -> anyhow::Result<Self> {
         let template = tokenizer.chat.as_ref().ok_or_else(|| anyhow::anyhow!("the model's tokenizer has no chat template"))?;
-        let stop = *policy.stop_tokens.first().ok_or_else(|| anyhow::anyhow!("the model has no stop token"))?;
-        let stop_text = tokenizer.decode(&[stop], false)?;
-        let continuation = Continuation::new(template, &stop_text)?;
-        let grammar = text_grammar(&policy, &tokenizer, env_grammar)?;
-        Ok(TextPolicy {
-            space: token_space(&tokenizer).into(),
-            policy,
-            tokenizer,
-            grammar: Arc::new(grammar),
-            text_form,
-            continuation,
-            temperature,
-            window,
-            unusable: AtomicUsize::new(0),
-        })
-    }
-
-    /// The action grammar over the model's vocabulary (what training masks with, too).
-    pub fn grammar(&self) -> &TextGrammar {
-        &self.grammar
+        let continuation = Continuation::new(template, &tokenizer.decode(&[stop], false)?)?;
+        Ok(TextForm { tokenizer, episode, continuation, stop })
     }
 
     fn render(&self, messages: &[Message], generation_prompt: bool) -> anyhow::Result<String> {
@@ -116,13 +86,13 @@ impl TextPolicy {
         template.render(&serde_json::to_value(messages)?, generation_prompt)
     }
 
-    /// The tokens to feed before this node's next action: the whole rendered prompt at the
-    /// start, then only what the template adds for the newest observation (its user turn and
-    /// the opened assistant turn), after the sampled stop token.
-    fn to_feed(&self, r: &Request) -> anyhow::Result<Vec<u32>> {
-        let messages =
-            conversation(self.text_form.as_ref(), &r.context).ok_or_else(|| anyhow::anyhow!("a node context without a prompt"))?;
-        if r.model_context.is_empty() {
+    /// The tokens to feed before a node's next action, its context being `context` (the
+    /// environment's tokens): the whole rendered prompt before its first action, then only what
+    /// the template adds for the newest observation (its user turn and the opened assistant
+    /// turn), after the stop token the model sampled.
+    pub fn to_feed(&self, context: &[Tok], first: bool) -> anyhow::Result<Vec<u32>> {
+        let messages = conversation(self.episode.as_ref(), context).ok_or_else(|| anyhow::anyhow!("a node context without a prompt"))?;
+        if first {
             return self.tokenizer.encode(&self.render(&messages, true)?, false);
         }
         let text = match messages.last() {
@@ -146,18 +116,96 @@ impl TextPolicy {
         };
         self.tokenizer.encode(&text, false)
     }
+
+    /// A node's sequence in the environment's tokens (prompt, then each action and observation)
+    /// as the model's tokens: what a rollout of the same actions feeds it, each action written in
+    /// words and ended by the stop token. For demonstrations (log-probs 0).
+    pub fn sequence(&self, s: &Sequence) -> anyhow::Result<Sequence> {
+        let n = s.tokens.len();
+        let mut i = s.generated.iter().position(|g| *g).unwrap_or(n);
+        let mut context = s.tokens[..i].to_vec();
+        let mut out = Sequence { tokens: vec![], generated: vec![], old_logprobs: vec![], ..s.clone() };
+        let push = |out: &mut Sequence, toks: &[u32], generated: bool| {
+            out.tokens.extend(toks);
+            out.generated.extend(std::iter::repeat_n(generated, toks.len()));
+            out.old_logprobs.extend(std::iter::repeat_n(0.0, toks.len()));
+        };
+        while i < n {
+            let feed = self.to_feed(&context, out.tokens.is_empty())?;
+            push(&mut out, &feed, false);
+            let start = i;
+            while i < n && s.generated[i] {
+                i += 1;
+            }
+            let action = &s.tokens[start..i];
+            let mut reply = self.tokenizer.encode(&words(self.episode.vocab(), action), false)?;
+            if action.last() == Some(&EOS) {
+                reply.push(self.stop);
+            }
+            push(&mut out, &reply, true);
+            context.extend(action);
+            let start = i;
+            while i < n && !s.generated[i] {
+                i += 1;
+            }
+            context.extend(&s.tokens[start..i]);
+        }
+        Ok(out)
+    }
+}
+
+/// A Hugging Face model's checkpoint as the runtime's policy, acting in text.
+pub struct TextPolicy {
+    policy: Arc<Policy>,
+    form: TextForm,
+    grammar: Arc<TextGrammar>,
+    space: Arc<str>,
+    temperature: f64,
+    /// The node's window, in the model's tokens.
+    window: usize,
+    /// Replies that did not read as an action (impossible under the grammar; counted).
+    pub unusable: AtomicUsize,
+}
+
+impl TextPolicy {
+    /// `grammar` is the environment's action grammar (its `lark` text form is compiled over the
+    /// tokenizer's vocabulary), `text_form` any episode of the environment.
+    pub fn new(
+        policy: Arc<Policy>,
+        tokenizer: Arc<TextTokenizer>,
+        env_grammar: &dyn Grammar,
+        text_form: Arc<dyn Episode>,
+        temperature: f64,
+        window: usize,
+    ) -> anyhow::Result<Self> {
+        let grammar = text_grammar(&policy, &tokenizer, env_grammar)?;
+        Ok(TextPolicy {
+            space: token_space(&tokenizer).into(),
+            form: TextForm::new(tokenizer, text_form, grammar.stop())?,
+            policy,
+            grammar: Arc::new(grammar),
+            temperature,
+            window,
+            unusable: AtomicUsize::new(0),
+        })
+    }
+
+    /// The action grammar over the model's vocabulary (what training masks with, too).
+    pub fn grammar(&self) -> &TextGrammar {
+        &self.grammar
+    }
 }
 
 impl rao_agent::Policy for TextPolicy {
     fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
         Box::pin(async move {
-            let rec = self.text_form.vocab().id("<rec>");
+            let rec = self.form.episode.vocab().id("<rec>");
             // What each node is fed; a node whose observation does not fit is not fed at all.
             let mut fed: Vec<Vec<u32>> = Vec::with_capacity(batch.len());
             let mut reqs: Vec<SampleRequest> = Vec::new();
             let mut rows: Vec<Option<usize>> = Vec::with_capacity(batch.len());
             for r in &batch {
-                let feed = self.to_feed(r).unwrap_or_else(|e| {
+                let feed = self.form.to_feed(&r.context, r.model_context.is_empty()).unwrap_or_else(|e| {
                     note_failure(&e);
                     Vec::new()
                 });
@@ -216,13 +264,16 @@ impl TextPolicy {
         if last != self.grammar.stop() {
             return vec![];
         }
-        let mut action =
-            self.tokenizer.decode(reply, false).ok().and_then(|text| parse_reply(self.text_form.vocab(), &text).ok()).unwrap_or_else(
-                || {
-                    self.unusable.fetch_add(1, Ordering::Relaxed);
-                    vec![]
-                },
-            );
+        let mut action = self
+            .form
+            .tokenizer
+            .decode(reply, false)
+            .ok()
+            .and_then(|text| parse_reply(self.form.episode.vocab(), &text).ok())
+            .unwrap_or_else(|| {
+                self.unusable.fetch_add(1, Ordering::Relaxed);
+                vec![]
+            });
         action.push(EOS);
         action
     }

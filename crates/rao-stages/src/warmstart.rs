@@ -6,16 +6,18 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use rao_agent::RunMeta;
+use rao_agent::{Policy as RuntimePolicy, RunMeta};
 use rao_envs::rng::Rng;
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
+use rao_policy::hf::TextTokenizer;
 use rao_policy::{Backend, Checkpoint, Loss, ModelConfig, Policy, Sequence};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::envs::{self, ExpertSpec, TaskSet};
-use crate::neural::{NeuralPolicy, write_checkpoint};
+use crate::neural::{LoadedModel, NeuralPolicy, load_model, write_checkpoint};
 use crate::rollout::{LimitParams, Mode, rollout_trees, tree_metrics};
+use crate::text_policy::{TextForm, TextPolicy, text_grammar};
 use crate::training::{node_sequence, read_trees};
 
 #[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
@@ -74,7 +76,11 @@ impl Default for GateParams {
 #[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WarmstartParams {
-    pub model: ModelConfig,
+    /// A new model of this shape, trained from scratch in the environment's tokens; or leave it
+    /// out and give a `checkpoint` input (e.g. `hf_model`'s) to warm-start that model — in text,
+    /// for a language model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelConfig>,
     #[serde(default)]
     pub backend: Backend,
     #[serde(default)]
@@ -149,6 +155,13 @@ pub fn demos_from_trees(set: &dyn TaskSet, nodes: &[rao_core::NodeRecord]) -> an
             n.task_id,
             set.env()
         );
+        anyhow::ensure!(
+            n.token_space.is_empty(),
+            "`demo_trees`: node {} of task {} holds a language model's tokens; demonstrations are read in the environment's tokens \
+             (an `evaluate` or `rollout` of the expert, `policy: openai` or rao's own model)",
+            n.node_id,
+            n.task_id
+        );
         let s = node_sequence(n, set.vocab(), 1.0);
         if let Some(t) = s.tokens.iter().find(|&&t| t as usize >= set.vocab().len()) {
             anyhow::bail!("`demo_trees`: node {} of task {} has token {t}, outside this environment's vocabulary", n.node_id, n.task_id);
@@ -160,13 +173,24 @@ pub fn demos_from_trees(set: &dyn TaskSet, nodes: &[rao_core::NodeRecord]) -> an
     Ok(out)
 }
 
-/// Recursive rollout of the learned policy on `tasks`: (node success, root success).
-pub async fn gate_check(set: &dyn TaskSet, policy: Arc<Policy>, limits: &LimitParams, seed: u64) -> (f64, f64) {
-    let neural = Arc::new(NeuralPolicy::new(policy, set.grammar(limits.max_children as usize), set.vocab(), 1.0));
+/// Recursive rollout of the learned policy on `tasks` (in text through `tokenizer` for a
+/// language model): (node success, root success).
+pub async fn gate_check(
+    set: &dyn TaskSet,
+    policy: Arc<Policy>,
+    tokenizer: Option<&Arc<TextTokenizer>>,
+    limits: &LimitParams,
+    seed: u64,
+) -> anyhow::Result<(f64, f64)> {
+    let grammar = set.grammar(limits.max_children as usize);
+    let acting: Arc<dyn RuntimePolicy> = match tokenizer {
+        Some(t) => Arc::new(TextPolicy::new(policy, t.clone(), grammar.as_ref(), set.episode(0), 1.0, limits.window)?),
+        None => Arc::new(NeuralPolicy::new(policy, grammar, set.vocab(), 1.0)),
+    };
     let all = set.all();
-    let trees = rollout_trees(set, &all, neural, Mode::Recursive, 1, limits.limits(Mode::Recursive), RunMeta::default(), seed).await;
+    let trees = rollout_trees(set, &all, acting, Mode::Recursive, 1, limits.limits(Mode::Recursive), RunMeta::default(), seed).await;
     let m: std::collections::BTreeMap<_, _> = tree_metrics(&trees).into_iter().collect();
-    (m["node_success"], m["root_success"])
+    Ok((m["node_success"], m["root_success"]))
 }
 
 /// One epoch of minibatches (as indices into the sequences): shuffled, then grouped with
@@ -263,7 +287,27 @@ impl TypedStage for Warmstart {
         InputDecl { name: "tasks", required: true },
         InputDecl { name: "gate_tasks", required: true },
         InputDecl { name: "demo_trees", required: false },
+        // A model to warm-start instead of a new one (`hf_model`'s checkpoint: then in text).
+        InputDecl { name: "checkpoint", required: false },
+        InputDecl { name: crate::neural::BASE_INPUT, required: false },
     ];
+
+    fn check(p: &WarmstartParams, inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
+        let given = inputs.contains(&"checkpoint");
+        match (&p.model, given) {
+            (None, false) => vec![rao_pipeline::ParamError {
+                key: Some("model".into()),
+                message: "the warm start needs a model: a new one's shape (`model`) or a `checkpoint` input".into(),
+                help: Some("add `model: {d_model: 64, n_layers: 2, n_heads: 4, d_ff: 192}`, or `checkpoint: STAGE.checkpoint` under `inputs` (e.g. an `hf_model` stage's)".into()),
+            }],
+            (Some(_), true) => vec![rao_pipeline::ParamError {
+                key: Some("model".into()),
+                message: "`model` shapes a new model, but a `checkpoint` input is given to start from".into(),
+                help: Some("remove `model` to warm-start the checkpoint, or the `checkpoint` input to start a new model".into()),
+            }],
+            _ => vec![],
+        }
+    }
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
 
     fn run(ctx: StageContext, p: WarmstartParams) -> BoxFuture<'static, anyhow::Result<()>> {
@@ -293,8 +337,34 @@ impl TypedStage for Warmstart {
                 "no demonstrations: the expert made none (trees 0) and `demo_trees` holds no successful node"
             );
             ctx.set_metric("demo_sequences", seqs.len() as f64);
-            let cfg = ModelConfig { vocab: set.vocab().len(), ..p.model.clone() };
-            let grammar = set.grammar(p.limits.max_children as usize);
+            // A model to start from (in text for a language model), or a new one.
+            let (start, text) = match ctx.inputs.contains_key("checkpoint") {
+                true => {
+                    let LoadedModel { policy, text } = load_model(&ctx, "checkpoint", p.backend).await?;
+                    (Some(policy), text)
+                }
+                false => (None, None),
+            };
+            let env_grammar = set.grammar(p.limits.max_children as usize);
+            let (grammar, form): (Arc<dyn rao_envs::grammar::Grammar>, Option<TextForm>) = match (&start, &text) {
+                (Some(policy), Some(t)) => {
+                    let grammar = text_grammar(policy, &t.tokenizer, env_grammar.as_ref())?;
+                    let form = TextForm::new(t.tokenizer.clone(), set.episode(0), grammar.stop())?;
+                    (Arc::new(grammar), Some(form))
+                }
+                _ => (env_grammar, None),
+            };
+            // A checkpoint back as a policy (progress saved by an earlier attempt).
+            let restore = |ck: &Checkpoint| -> anyhow::Result<Policy> {
+                match (&start, &ck.meta.lora) {
+                    (Some(base), Some(_)) => {
+                        let mut policy = base.clone();
+                        policy.load_adapters(ck)?;
+                        Ok(policy)
+                    }
+                    _ => Policy::from_checkpoint(ck, p.backend),
+                }
+            };
             let log = ctx.scratch.join("warmstart.log");
             std::fs::create_dir_all(&ctx.scratch)?;
             let resumed = match ctx.load_progress(PROGRESS).await? {
@@ -306,13 +376,19 @@ impl TypedStage for Warmstart {
             };
             let (mut policy, mut st, mut best) = match resumed {
                 Some((state, ck, best_ck)) => {
-                    let policy = Policy::from_checkpoint(&ck, p.backend)?;
+                    let policy = restore(&ck)?;
                     let best = state.best.zip(best_ck).map(|((n, r, at), ck)| (n, r, at, ck));
                     ctx.set_metric("resumed_at_step", state.step as f64);
                     (policy, state, best)
                 }
                 None => {
-                    let policy = Policy::new(cfg, p.backend, ctx.seed)?;
+                    let policy = match &start {
+                        Some(policy) => policy.clone(),
+                        None => {
+                            let model = p.model.clone().ok_or_else(|| anyhow::anyhow!("`model` or a `checkpoint` input is needed"))?;
+                            Policy::new(ModelConfig { vocab: set.vocab().len(), ..model }, p.backend, ctx.seed)?
+                        }
+                    };
                     let state = LoopState {
                         step: 0,
                         rng: Rng::new(ctx.seed ^ 0x5EED).state(),
@@ -358,6 +434,11 @@ impl TypedStage for Warmstart {
                     } else {
                         chunk.iter().map(|&i| seqs[i].clone()).collect()
                     };
+                    // A language model learns the demonstrations as its rollouts would feed them.
+                    let batch = match &form {
+                        Some(form) => batch.iter().map(|s| form.sequence(s)).collect::<anyhow::Result<Vec<_>>>()?,
+                        None => batch,
+                    };
                     let frac = st.step as f64 / p.max_steps.max(1) as f64;
                     let lr = p.lr * (1.0 - frac * (1.0 - p.lr_final));
                     st.loss = policy.train_step(&batch, grammar.as_ref(), Loss::Supervised, lr, 1.0).loss;
@@ -368,8 +449,9 @@ impl TypedStage for Warmstart {
                     ctx.cancellation_point().await?;
                     if gate_now {
                         let checkpoint = policy.checkpoint();
-                        let snapshot = Arc::new(Policy::from_checkpoint(&checkpoint, p.backend)?);
-                        (st.node_success, st.root_success) = gate_check(gate_set.as_ref(), snapshot, &p.limits, ctx.seed).await;
+                        let tokenizer = text.as_ref().map(|t| &t.tokenizer);
+                        (st.node_success, st.root_success) =
+                            gate_check(gate_set.as_ref(), Arc::new(policy.clone()), tokenizer, &p.limits, ctx.seed).await?;
                         st.lines.push_str(&format!(
                             "step {} loss {:.4} gate node_success {:.3} root_success {:.3}\n",
                             st.step, st.loss, st.node_success, st.root_success
@@ -411,7 +493,7 @@ impl TypedStage for Warmstart {
                     p.gate.min_node_success
                 );
             }
-            write_checkpoint(&ctx, "checkpoint", &checkpoint, None)
+            write_checkpoint(&ctx, "checkpoint", &checkpoint, text.as_ref())
         })
     }
 }

@@ -23,7 +23,7 @@ use rao_stages::envs::TaskSet;
 use rao_stages::envs::longdoc::LongDocSet;
 use rao_stages::envs::multihop::MultiHopSet;
 use rao_stages::rollout::{LimitParams, Mode, rollout_trees};
-use rao_stages::text_policy::{TextPolicy, token_space};
+use rao_stages::text_policy::{TextForm, TextPolicy, token_space};
 use rao_stages::training::node_sequence;
 
 /// The reference checkpoints, made once per test process.
@@ -106,6 +106,51 @@ async fn act_and_train(set: &dyn TaskSet, model: &Arc<Policy>, tokenizer: &Arc<h
     // Token in, token out: the update's inputs, read from the stored trees, reproduce the
     // behaviour log-probs exactly as sampled.
     let seqs: Vec<_> = nodes.iter().map(|n| node_sequence(n, set.vocab(), 1.0)).collect();
+    // A demonstration of the same actions (the warm start's `TextForm::sequence` of the node in
+    // the environment's tokens) is fed exactly the same tokens, and writes the same replies.
+    let form = TextForm::new(tokenizer.clone(), set.episode(0), policy.grammar().stop()).unwrap();
+    let segments = |s: &rao_policy::Sequence| -> Vec<(bool, Vec<u32>)> {
+        let mut out: Vec<(bool, Vec<u32>)> = Vec::new();
+        for (&t, &g) in s.tokens.iter().zip(&s.generated) {
+            match out.last_mut() {
+                Some((h, v)) if *h == g => v.push(t),
+                _ => out.push((g, vec![t])),
+            }
+        }
+        out
+    };
+    let mut compared = 0;
+    for (n, recorded) in nodes.iter().zip(&seqs) {
+        if n.turns.iter().any(|t| t.completion_ids.is_empty()) {
+            continue; // overflowed
+        }
+        // The last observation was never fed (nothing came after it): not in the record.
+        let mut n = n.clone();
+        if let Some(t) = n.turns.last_mut() {
+            t.observation.clear();
+        }
+        let n = &n;
+        compared += 1;
+        let mut compact =
+            rao_policy::Sequence { tokens: env_context(set, n, 0), generated: vec![], old_logprobs: vec![], ..recorded.clone() };
+        compact.generated = vec![false; compact.tokens.len()];
+        for t in &n.turns {
+            let (action, obs) = (set.vocab().ids(&t.action), set.vocab().ids(&t.observation));
+            compact.generated.extend(std::iter::repeat_n(true, action.len()).chain(std::iter::repeat_n(false, obs.len())));
+            compact.tokens.extend(action.into_iter().chain(obs));
+        }
+        let demo = form.sequence(&compact).unwrap();
+        let (a, b) = (segments(recorded), segments(&demo));
+        assert_eq!(a.len(), b.len(), "{name}: node {}", n.node_id);
+        for ((g, x), (_, y)) in a.iter().zip(&b) {
+            if *g {
+                assert_eq!(tokenizer.decode(x, false).unwrap(), tokenizer.decode(y, false).unwrap(), "{name}: a reply");
+            } else {
+                assert_eq!(x, y, "{name}: what the model is fed");
+            }
+        }
+    }
+    assert!(compared * 2 > nodes.len(), "{name}: {compared} of {} nodes compared with their demonstration", nodes.len());
     let fresh = model.sequence_logprobs(&seqs, policy.grammar(), 1.0);
     for (n, f) in nodes.iter().zip(&fresh) {
         let sampled: Vec<f32> = n.turns.iter().flat_map(|t| t.logprobs.iter().copied()).collect();
