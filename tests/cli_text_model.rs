@@ -170,3 +170,39 @@ fn a_hugging_face_model_acts_in_text_through_the_pipeline_and_updates_on_its_own
     assert!(text(&o).contains("the trees hold ids in the environment's tokens"), "{}", text(&o));
     assert!(text(&o).contains("holds LoRA adapters only: give this stage the base model's files as input `base`"), "{}", text(&o));
 }
+
+/// The shipped pipeline, with its default model (models/tiny-qwen3) and fewer of everything:
+/// a LoRA warm start in text, two RL iterations, the evaluations.
+#[test]
+fn the_bring_your_own_model_pipeline_runs_end_to_end_on_a_tiny_model() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let store = tempfile::tempdir().unwrap();
+    let pipeline = root.join("pipelines/bring-your-own-model.yaml");
+    let mut sets = vec![];
+    for set in [
+        "params.demo_per_band=2",
+        "params.warmstart_steps=2",
+        "stages.train.loop.max_iterations=2",
+        "params.train_per_band=1",
+        "params.group_size=2",
+        "params.eval_per_band=1",
+        "params.gate_per_band=1",
+    ] {
+        sets.extend(["--set", set]);
+    }
+    let with_sets = |args: &[&str]| -> Vec<String> { args.iter().chain(&sets).map(|s| s.to_string()).collect() };
+    let run = with_sets(&["run", pipeline.to_str().unwrap(), "--store", store.path().to_str().unwrap()]);
+    let o = rao(&run.iter().map(String::as_str).collect::<Vec<_>>(), &root);
+    assert!(o.status.success(), "{}", text(&o));
+    let path = |instance: &str, file: &str| -> std::path::PathBuf {
+        let args = with_sets(&["path", pipeline.to_str().unwrap(), instance, file, "--store", store.path().to_str().unwrap()]);
+        let o = rao(&args.iter().map(String::as_str).collect::<Vec<_>>(), &root);
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).trim().into()
+    };
+    let last: serde_json::Value = serde_json::from_slice(&std::fs::read(path("update@2", "checkpoint.json")).unwrap()).unwrap();
+    assert_eq!(last["lora"]["rank"], 16);
+    let trees = rao_core::parquet_io::nodes_from_parquet(std::fs::read(path("evaluate", "trees.parquet")).unwrap().into()).unwrap();
+    assert!(trees.iter().all(|n| n.token_space.starts_with("model:")));
+    assert!(trees.iter().any(|n| n.mode == "flat") && trees.iter().any(|n| n.mode == "recursive"));
+}

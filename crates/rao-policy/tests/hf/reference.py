@@ -8,6 +8,9 @@ PyTorch. No weights are downloaded: every model is made here from a config with 
                                  file IDS (a list of lists of token ids), as JSON on stdout
     reference.py peft BASE ADAPTER IDS
                                  the same for the model in BASE with peft's LoRA adapter ADAPTER
+    reference.py tiny OUT        one tiny random Qwen3 checkpoint with the tokenizer trained here:
+                                 models/tiny-qwen3, which pipelines/bring-your-own-model.yaml reads
+                                 by default (it acts at random: it is there to try the pipeline)
 """
 import json
 import os
@@ -203,5 +206,16 @@ def peft_logits(base, adapter, ids_file):
     json.dump(padded_logits(model, prompts), sys.stdout)
 
 
+def tiny(out):
+    os.makedirs(out, exist_ok=True)
+    fast = make_tokenizer(out)
+    spec = MODELS["qwen3"]
+    config_class, model_class = model_classes(spec["kind"])
+    model = model_class(config_class(bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, **spec["config"]))
+    randomize(model, seed=7)
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+
+
 if __name__ == "__main__":
-    {"make": make, "logits": logits, "peft": peft_logits}[sys.argv[1]](*sys.argv[2:])
+    {"make": make, "logits": logits, "peft": peft_logits, "tiny": tiny}[sys.argv[1]](*sys.argv[2:])
