@@ -1,18 +1,23 @@
 //! Rollout throughput of a learned policy in process and through `rao serve` + `policy: openai`
-//! (HTTP on 127.0.0.1): generated tokens per second, the main job's model size (random weights,
-//! sampled at temperature 1), small world, Medium tasks, W = 96, recursive. In process every
-//! round of every live node is one batched forward pass; the server answers each request alone.
-//! Run: cargo run --example bench_serve -p rao-stages [TASKS]
+//! (HTTP on 127.0.0.1): generated tokens per second, small world, Medium tasks, recursive,
+//! sampled at temperature 1. The policy is the main job's model size (random weights, W = 96),
+//! or with MODEL_DIR a Hugging Face model acting in text (W = 4096 of its tokens; at most 12
+//! nodes of depth ≤ 2 and 6 steps each, since a random model launches sub-agents at random). In process
+//! every round of every live node is one batched forward pass; the server answers each request
+//! alone (and renders each conversation whole: a client sends text).
+//! Run: cargo run --example bench_serve -p rao-stages [TASKS] [MODEL_DIR]
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use rao_agent::RunMeta;
 use rao_envs::textcraft::{self, Band, SynthConfig};
+use rao_policy::hf::{self, TokenizerFiles};
 use rao_stages::chat_api::{ChatApi, ChatEndpoint};
 use rao_stages::envs::TaskSet;
 use rao_stages::envs::textcraft::task_set;
-use rao_stages::neural::NeuralPolicy;
+use rao_stages::neural::{LoadedModel, TextModel, acting_policy};
 use rao_stages::openai_policy::OpenAiPolicy;
 use rao_stages::rollout::{LimitParams, Mode, rollout_trees};
 use rao_stages::serve::{Served, serve};
@@ -22,16 +27,36 @@ async fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(16);
     let world = Arc::new(textcraft::generate(&SynthConfig::small(), 1));
     let set: Arc<dyn TaskSet> = Arc::new(task_set(&world, &textcraft::synthesize(&world, Band::Medium, n, false, 3)));
-    let cfg = rao_policy::ModelConfig { vocab: set.vocab().len(), ..rao_policy::ModelConfig::tiny() };
-    let model = Arc::new(rao_policy::Policy::new(cfg, rao_policy::Backend::default(), 1).unwrap());
-    let params = LimitParams::default();
+    let model_dir = std::env::args().nth(2);
+    let loaded = || -> LoadedModel {
+        match &model_dir {
+            None => {
+                let cfg = rao_policy::ModelConfig { vocab: set.vocab().len(), ..rao_policy::ModelConfig::tiny() };
+                LoadedModel { policy: rao_policy::Policy::new(cfg, rao_policy::Backend::default(), 1).unwrap(), text: None }
+            }
+            Some(dir) => {
+                let dir = std::path::Path::new(dir);
+                let pre = hf::load(dir, rao_policy::Backend::default()).unwrap();
+                let text = TextModel { tokenizer: Arc::new(pre.tokenizer.unwrap()), files: TokenizerFiles::read(dir).unwrap() };
+                LoadedModel { policy: pre.policy, text: Some(text) }
+            }
+        }
+    };
+    // A random language model launches sub-agents at random: small trees keep a round short.
+    let params = match model_dir {
+        None => LimitParams::default(),
+        Some(_) => {
+            LimitParams { window: 4096, step_budget: Some(6), max_depth: 2, max_children: 3, max_nodes: 12, ..LimitParams::default() }
+        }
+    };
     let limits = params.limits(Mode::Recursive);
     let generated = |trees: &[Vec<rao_core::NodeRecord>]| trees.iter().flatten().map(|n| n.generated_tokens as usize).sum::<usize>();
 
-    let in_process = Arc::new(NeuralPolicy::new(model.clone(), set.grammar(limits.max_children as usize), set.vocab(), 1.0));
+    let in_process = acting_policy(loaded(), set.as_ref(), &limits, 1.0).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, Arc::new(Served::new("bench".into(), model, set.clone(), &params))));
+    let served = Arc::new(Served::from_loaded("bench".into(), loaded(), set.clone(), &params).unwrap());
+    tokio::spawn(serve(listener, served.clone()));
     let cache = tempfile::tempdir().unwrap();
     let through = |round: usize| {
         let endpoint = ChatEndpoint {
@@ -52,9 +77,9 @@ async fn main() {
         let t0 = Instant::now();
         let trees = rollout_trees(set.as_ref(), &set.all(), in_process.clone(), Mode::Recursive, 1, limits, RunMeta::default(), 5).await;
         (tok_in, _) = (generated(&trees), t_in.push(t0.elapsed().as_secs_f64()));
-        let t0 = Instant::now();
-        let trees = rollout_trees(set.as_ref(), &set.all(), through(round), Mode::Recursive, 1, limits, RunMeta::default(), 5).await;
-        (tok_http, _) = (generated(&trees), t_http.push(t0.elapsed().as_secs_f64()));
+        let (t0, before) = (Instant::now(), served.completion_tokens.load(Ordering::SeqCst));
+        rollout_trees(set.as_ref(), &set.all(), through(round), Mode::Recursive, 1, limits, RunMeta::default(), 5).await;
+        (tok_http, _) = (served.completion_tokens.load(Ordering::SeqCst) - before, t_http.push(t0.elapsed().as_secs_f64()));
     }
     let median = |v: &mut Vec<f64>| {
         v.remove(0);
@@ -62,7 +87,8 @@ async fn main() {
         v[v.len() / 2]
     };
     let (s_in, s_http) = (median(&mut t_in), median(&mut t_http));
-    println!("{n} Medium tasks, recursive, vocabulary {}", set.vocab().len());
+    let what = model_dir.as_deref().map_or("rao's model, W = 96".to_string(), |d| format!("{d} in text, W = 4096, ≤ 12 nodes"));
+    println!("{n} Medium tasks, recursive, {what}");
     println!("in process:       {tok_in:>6} tokens in {s_in:>6.2} s = {:>8.0} tok/s", tok_in as f64 / s_in);
     println!(
         "through rao serve: {tok_http:>6} tokens in {s_http:>6.2} s = {:>8.0} tok/s ({:.2}× in process)",

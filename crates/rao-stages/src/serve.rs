@@ -5,6 +5,7 @@
 //! `policy: openai` pointed at it gives, greedy, the trees of the in-process policy.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -21,25 +22,50 @@ use rao_pipeline::StageContext;
 use serde_json::{Value, json};
 
 use crate::envs::{self, TaskSet};
-use crate::neural::{NeuralPolicy, load_policy};
+use crate::neural::{LoadedModel, NeuralPolicy, load_model};
 use crate::rollout::LimitParams;
+use crate::text_policy::TextPolicy;
 
-/// What a server answers with: a policy, its environment and its window.
+/// The model behind a server: rao's own (acting in the environment's tokens) or a language model
+/// acting in text through its chat template.
+enum Model {
+    Compact { policy: Arc<rao_policy::Policy>, grammar: Arc<dyn Grammar>, window: usize },
+    Text(TextPolicy),
+}
+
+/// What a server answers with: a model and its environment.
 pub struct Served {
     pub model: String,
-    pub policy: Arc<rao_policy::Policy>,
+    acting: Model,
     pub set: Arc<dyn TaskSet>,
-    pub grammar: Arc<dyn Grammar>,
     /// Any episode of the set: the text form is the environment's, the same for every task.
     pub text_form: Arc<dyn Episode>,
-    pub window: usize,
+    /// Tokens the model generated for all requests so far (its own tokens).
+    pub completion_tokens: AtomicUsize,
 }
 
 impl Served {
     pub fn new(model: String, policy: Arc<rao_policy::Policy>, set: Arc<dyn TaskSet>, limits: &LimitParams) -> Self {
-        let grammar = set.grammar(limits.max_children as usize);
-        let text_form = set.episode(0);
-        Served { model, policy, set, grammar, text_form, window: limits.window }
+        let acting = Model::Compact { policy, grammar: set.grammar(limits.max_children as usize), window: limits.window };
+        Served::with(model, acting, set)
+    }
+
+    /// A checkpoint as loaded (`neural::load_model`): in text when it has a tokenizer, the window
+    /// then counted in its tokens.
+    pub fn from_loaded(model: String, loaded: LoadedModel, set: Arc<dyn TaskSet>, limits: &LimitParams) -> anyhow::Result<Self> {
+        Ok(match loaded.text {
+            None => Served::new(model, Arc::new(loaded.policy), set, limits),
+            Some(text) => {
+                let grammar = set.grammar(limits.max_children as usize);
+                let policy =
+                    TextPolicy::new(Arc::new(loaded.policy), text.tokenizer, grammar.as_ref(), set.episode(0), 1.0, limits.window)?;
+                Served::with(model, Model::Text(policy), set)
+            }
+        })
+    }
+
+    fn with(model: String, acting: Model, set: Arc<dyn TaskSet>) -> Self {
+        Served { model, acting, text_form: set.episode(0), set, completion_tokens: AtomicUsize::new(0) }
     }
 
     /// The `tasks` and `checkpoint` inputs of a stage instance (e.g. an `evaluate`), with the
@@ -47,12 +73,12 @@ impl Served {
     pub async fn from_stage(ctx: &StageContext) -> anyhow::Result<Self> {
         let set = envs::load(ctx, "tasks").await?;
         let backend = serde_json::from_value(ctx.params.get("backend").cloned().unwrap_or(Value::Null)).unwrap_or_default();
-        let policy = load_policy(ctx, "checkpoint", backend).await?;
+        let loaded = load_model(ctx, "checkpoint", backend).await?;
         let limits: LimitParams = match ctx.params.get("limits") {
             Some(l) => serde_json::from_value(l.clone()).map_err(|e| anyhow::anyhow!("params.limits of `{}`: {e}", ctx.instance))?,
             None => LimitParams::default(),
         };
-        Ok(Served::new(format!("{}/{}", ctx.pipeline, ctx.instance), Arc::new(policy), set, &limits))
+        Served::from_loaded(format!("{}/{}", ctx.pipeline, ctx.instance), loaded, set, &limits)
     }
 
     /// One chat completion, or what is wrong with the request.
@@ -65,16 +91,28 @@ impl Served {
         };
         let seed = body.get("seed").and_then(Value::as_u64).unwrap_or(0);
         let context = context_of(self.text_form.as_ref(), &messages)?;
-        if context.len() >= self.window {
-            return Err(format!("the conversation is {} tokens; the model's window is {}", context.len(), self.window));
-        }
-        let prompt_tokens = context.len();
-        let max_new_tokens = self.window - prompt_tokens;
-        let policy = NeuralPolicy::new(self.policy.clone(), self.grammar.clone(), self.set.vocab(), temperature);
-        let mut out = policy.act(vec![Request { context, max_new_tokens, seed, model_context: vec![] }]).await;
-        let mut tokens = out.pop().map(|r| r.tokens).unwrap_or_default();
+        let (response, prompt_tokens) = match &self.acting {
+            Model::Compact { policy, grammar, window } => {
+                if context.len() >= *window {
+                    return Err(format!("the conversation is {} tokens; the model's window is {window}", context.len()));
+                }
+                let (prompt_tokens, max_new_tokens) = (context.len(), window - context.len());
+                let policy = NeuralPolicy::new(policy.clone(), grammar.clone(), self.set.vocab(), temperature);
+                (policy.act(vec![Request { context, max_new_tokens, seed, model_context: vec![] }]).await.pop(), prompt_tokens)
+            }
+            // The conversation rendered whole through the chat template (a client sends text).
+            Model::Text(policy) => {
+                let request = Request { context, max_new_tokens: usize::MAX / 4, seed, model_context: vec![] };
+                let response = policy.at_temperature(temperature).act(vec![request]).await.pop();
+                let fed = response.as_ref().and_then(|r| r.model.as_ref()).map_or(0, |m| m.fed.len());
+                (response, fed)
+            }
+        };
+        let response = response.unwrap_or_default();
+        let completion_tokens = response.model.as_ref().map_or(response.tokens.len(), |m| m.sampled.len());
+        self.completion_tokens.fetch_add(completion_tokens, Ordering::Relaxed);
+        let mut tokens = response.tokens;
         let finish_reason = if tokens.last() == Some(&EOS) { "stop" } else { "length" };
-        let completion_tokens = tokens.len();
         tokens.retain(|&t| t != EOS);
         Ok(json!({
             "object": "chat.completion",

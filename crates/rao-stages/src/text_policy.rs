@@ -157,7 +157,7 @@ impl TextForm {
 /// A Hugging Face model's checkpoint as the runtime's policy, acting in text.
 pub struct TextPolicy {
     policy: Arc<Policy>,
-    form: TextForm,
+    form: Arc<TextForm>,
     grammar: Arc<TextGrammar>,
     space: Arc<str>,
     temperature: f64,
@@ -181,13 +181,26 @@ impl TextPolicy {
         let grammar = text_grammar(&policy, &tokenizer, env_grammar)?;
         Ok(TextPolicy {
             space: token_space(&tokenizer).into(),
-            form: TextForm::new(tokenizer, text_form, grammar.stop())?,
+            form: Arc::new(TextForm::new(tokenizer, text_form, grammar.stop())?),
             policy,
             grammar: Arc::new(grammar),
             temperature,
             window,
             unusable: AtomicUsize::new(0),
         })
+    }
+
+    /// The same policy sampling at another temperature (sharing the model, grammar and form).
+    pub fn at_temperature(&self, temperature: f64) -> TextPolicy {
+        TextPolicy {
+            policy: self.policy.clone(),
+            form: self.form.clone(),
+            grammar: self.grammar.clone(),
+            space: self.space.clone(),
+            temperature,
+            window: self.window,
+            unusable: AtomicUsize::new(0),
+        }
     }
 
     /// The action grammar over the model's vocabulary (what training masks with, too).

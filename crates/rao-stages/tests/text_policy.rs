@@ -22,7 +22,9 @@ use rao_policy::{Backend, Policy};
 use rao_stages::envs::TaskSet;
 use rao_stages::envs::longdoc::LongDocSet;
 use rao_stages::envs::multihop::MultiHopSet;
+use rao_stages::neural::{LoadedModel, TextModel};
 use rao_stages::rollout::{LimitParams, Mode, rollout_trees};
+use rao_stages::serve::Served;
 use rao_stages::text_policy::{TextForm, TextPolicy, token_space};
 use rao_stages::training::node_sequence;
 
@@ -192,4 +194,38 @@ async fn a_language_model_acts_in_text_in_every_environment_token_in_token_out()
     let graph = multihop::generate(&multihop::GraphConfig::default(), 3);
     let tasks = multihop::synthesize(&graph, (3, 3), 2, true, 3);
     act_and_train(&MultiHopSet { lang: Arc::new(multihop::Lang::new(graph)), tasks }, &model, &tokenizer).await;
+}
+
+/// `rao serve` of a text checkpoint: a conversation of the environment is rendered through the
+/// chat template and answered with an action sampled under the grammar; usage counts the
+/// model's tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_language_model_answers_every_conversation_with_an_action() {
+    let dir = fixtures().join("qwen3");
+    let pre = hf::load(&dir, Backend::Cpu).unwrap();
+    let text = TextModel { tokenizer: Arc::new(pre.tokenizer.unwrap()), files: hf::TokenizerFiles::read(&dir).unwrap() };
+    let world = Arc::new(textcraft::generate(&textcraft::SynthConfig::small(), 3));
+    let set: Arc<dyn TaskSet> =
+        Arc::new(rao_stages::envs::textcraft::task_set(&world, &textcraft::synthesize(&world, textcraft::Band::Easy, 1, true, 3)));
+    let limits = LimitParams { window: 4096, ..Default::default() };
+    let served = Served::from_loaded("tiny".into(), LoadedModel { policy: pre.policy, text: Some(text) }, set.clone(), &limits).unwrap();
+    let episode = set.episode(0);
+    let goal = episode.root_goal();
+    let mut context = episode.prompt(&goal, 0, true);
+    for seed in 0..12 {
+        let messages = conversation(episode.as_ref(), &context).unwrap();
+        let reply = served.complete(&serde_json::json!({"messages": messages, "seed": seed, "temperature": 1.0})).await.unwrap();
+        let content = reply["choices"][0]["message"]["content"].as_str().unwrap();
+        let action = rao_envs::text::parse_reply(set.vocab(), content).unwrap_or_else(|e| panic!("{content:?}: {e}"));
+        assert!(reply["usage"]["prompt_tokens"].as_u64().unwrap() > context.len() as u64, "the prompt counts the model's tokens");
+        // The conversation goes on with that action and what the environment answers.
+        let out = episode.step(&goal, &action, true);
+        context.extend(action);
+        context.push(rao_envs::vocab::EOS);
+        match out.step {
+            rao_envs::Step::Observe(obs) => context.extend(obs),
+            _ => context = episode.prompt(&goal, 0, true),
+        }
+    }
+    assert!(served.completion_tokens.load(Ordering::SeqCst) >= 12 * 2);
 }
