@@ -82,6 +82,7 @@ const LORA: &str = r#"
     kind: update
     inputs: {checkpoint: lora_base.checkpoint, trees: lora_advantage.trees, tasks: train_tasks.tasks, base: model_files.data}
     params: {lr: 1.0e-3, max_children: 2}
+  lora_export: {kind: hf_export, inputs: {checkpoint: lora_warmstart.checkpoint, base: model_files.data}}
 "#;
 
 /// Stages that must fail, each saying why.
@@ -162,6 +163,23 @@ fn a_hugging_face_model_acts_in_text_through_the_pipeline_and_updates_on_its_own
             .unwrap();
     assert!(lora_trees.iter().all(|n| n.token_space == trees[0].token_space));
 
+    // Exported as transformers and peft read it: the PEFT adapter on the base model gives the
+    // merged directory's logits.
+    let exported = file_of(dir.path(), "lora_export", "config.json").parent().unwrap().to_path_buf();
+    let ids = dir.path().join("ids.json");
+    std::fs::write(&ids, "[[1, 5, 9, 40, 77], [3, 3, 120]]").unwrap();
+    let python = |args: &[&std::path::Path]| -> Vec<Vec<Vec<f32>>> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../rao-policy/tests/hf/reference.py");
+        let o = Command::new(std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into())).arg(script).args(args).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let merged = python(&[Path::new("logits"), &exported, &ids]);
+    let adapted = python(&[Path::new("peft"), &dir.path().join("models/qwen3"), &exported.join("adapter"), &ids]);
+    let worst =
+        merged.iter().flatten().flatten().zip(adapted.iter().flatten().flatten()).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(worst < 1e-4, "merged vs base + adapter: {worst}");
+
     // Refused, saying why: adapters without their base; an update of the model on trees in the
     // environment's tokens.
     std::fs::write(dir.path().join("p.yaml"), format!("{PIPELINE}{LORA}{MIXED}")).unwrap();
@@ -205,4 +223,7 @@ fn the_bring_your_own_model_pipeline_runs_end_to_end_on_a_tiny_model() {
     let trees = rao_core::parquet_io::nodes_from_parquet(std::fs::read(path("evaluate", "trees.parquet")).unwrap().into()).unwrap();
     assert!(trees.iter().all(|n| n.token_space.starts_with("model:")));
     assert!(trees.iter().any(|n| n.mode == "flat") && trees.iter().any(|n| n.mode == "recursive"));
+    for file in ["config.json", "model.safetensors", "tokenizer.json", "adapter/adapter_config.json"] {
+        assert!(path("export", file).exists(), "{file}");
+    }
 }

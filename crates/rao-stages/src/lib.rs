@@ -27,12 +27,14 @@ pub fn registry() -> Registry {
     r.register(Arc::new(Typed::<update::Update>::default()));
     r.register(Arc::new(Typed::<evaluate::Evaluate>::default()));
     r.register(Arc::new(Typed::<hf_model::HfModel>::default()));
+    r.register(Arc::new(Typed::<hf_export::HfExport>::default()));
     envs::register(&mut r);
     r
 }
 pub mod advantage;
 pub mod chat_api;
 pub mod evaluate;
+pub mod hf_export;
 pub mod hf_model;
 pub mod judge;
 pub mod llm_judge;
