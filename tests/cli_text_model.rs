@@ -227,3 +227,55 @@ fn the_bring_your_own_model_pipeline_runs_end_to_end_on_a_tiny_model() {
         assert!(path("export", file).exists(), "{file}");
     }
 }
+
+/// A model made here for the environment (`text_model`: a BPE trained on its conversations, a
+/// random Qwen3), acting in text, exported, and read by transformers: its tokenizer gives the
+/// ids rao fed the model, its model runs on them.
+#[test]
+fn a_text_model_made_for_the_environment_acts_and_exports_to_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        r#"
+name: made
+seed: 2
+params:
+  limits: {window: 2048, max_depth: 2, max_children: 2, max_nodes: 6, step_budget: 3}
+stages:
+  tasks: {kind: synthesize, params: {bands: [easy, medium], per_band: 3, task_seed: 1}}
+  model:
+    kind: text_model
+    inputs: {tasks: tasks.tasks}
+    params: {model: {d_model: 32, n_layers: 1, n_heads: 4, n_kv_heads: 2, d_ff: 64}, vocab_size: 400, limits: "${params.limits}"}
+  rollout:
+    kind: rollout
+    inputs: {tasks: tasks.tasks, checkpoint: model.checkpoint}
+    params: {policy: checkpoint, group_size: 1, limits: "${params.limits}"}
+  export: {kind: hf_export, inputs: {checkpoint: model.checkpoint}}
+"#,
+    )
+    .unwrap();
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let trees =
+        rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), "rollout", "trees.parquet")).unwrap().into()).unwrap();
+    assert!(trees.iter().all(|n| n.turns.iter().all(|t| !t.observation.contains("err syntax"))), "every sampled action parses");
+    let tokenizer: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(file_of(dir.path(), "model", "tokenizer.json")).unwrap()).unwrap();
+    assert_eq!(tokenizer["model"]["vocab"].as_object().unwrap().len(), 400, "the BPE has the vocabulary asked for");
+    let exported = file_of(dir.path(), "export", "config.json").parent().unwrap().to_path_buf();
+    let prompt = serde_json::to_string(&trees[0].prompt_ids).unwrap();
+    let check = format!(
+        "import json, torch, transformers as t\n\
+         tok = t.AutoTokenizer.from_pretrained({dir:?}); model = t.AutoModelForCausalLM.from_pretrained({dir:?})\n\
+         ids = json.loads({prompt:?})\n\
+         assert tok(tok.decode(ids), add_special_tokens=False).input_ids == ids, 'the tokenizers differ'\n\
+         out = model(torch.tensor([ids])).logits\n\
+         assert out.shape[-1] == model.config.vocab_size and torch.isfinite(out).all()\n\
+         print(tok.apply_chat_template([{{'role': 'user', 'content': 'hi'}}], tokenize=False, add_generation_prompt=True))",
+        dir = exported.display().to_string()
+    );
+    let o = Command::new(std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into())).arg("-c").arg(&check).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"), "{}", text(&o));
+}

@@ -28,6 +28,7 @@ pub fn registry() -> Registry {
     r.register(Arc::new(Typed::<evaluate::Evaluate>::default()));
     r.register(Arc::new(Typed::<hf_model::HfModel>::default()));
     r.register(Arc::new(Typed::<hf_export::HfExport>::default()));
+    r.register(Arc::new(Typed::<text_model::TextModelKind>::default()));
     envs::register(&mut r);
     r
 }
@@ -41,6 +42,7 @@ pub mod llm_judge;
 pub mod neural;
 pub mod openai_policy;
 pub mod serve;
+pub mod text_model;
 pub mod text_policy;
 pub mod training;
 pub mod update;

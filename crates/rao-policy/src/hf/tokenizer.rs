@@ -36,6 +36,35 @@ impl TokenizerFiles {
         })
     }
 
+    /// A byte-level BPE tokenizer (GPT-2's byte alphabet, so any text encodes) of `vocab_size`
+    /// ids trained on `corpus` with Hugging Face's trainer, `special` tokens first; `config` is
+    /// its `tokenizer_config.json` (special tokens, chat template).
+    pub fn train_bpe(corpus: &[String], vocab_size: usize, special: &[&str], config: Value) -> anyhow::Result<TokenizerFiles> {
+        use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+        use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+        use tokenizers::{DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper};
+        let mut tokenizer =
+            tokenizers::TokenizerBuilder::<BPE, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>::new()
+                .with_model(BPE::default())
+                .with_pre_tokenizer(Some(ByteLevel::new(false, true, true).into()))
+                .with_decoder(Some(ByteLevel::default().into()))
+                .build()
+                .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
+        let mut trainer = BpeTrainerBuilder::new()
+            .vocab_size(vocab_size)
+            .show_progress(false)
+            .special_tokens(special.iter().map(|s| tokenizers::AddedToken::from(*s, true)).collect())
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build();
+        tokenizer.train(&mut trainer, corpus.iter()).map_err(|e| anyhow::anyhow!("training the tokenizer: {e}"))?;
+        let tokenizer: tokenizers::Tokenizer = tokenizer.into();
+        Ok(TokenizerFiles {
+            tokenizer: tokenizer.to_string(true).map_err(|e| anyhow::anyhow!("writing the tokenizer: {e}"))?,
+            config: Some(serde_json::to_string_pretty(&config)?),
+            chat_template: None,
+        })
+    }
+
     /// The files' names and contents, as they are written next to a checkpoint.
     pub fn named(&self) -> Vec<(&'static str, &str)> {
         let mut out = vec![("tokenizer.json", self.tokenizer.as_str())];
