@@ -409,8 +409,10 @@ stages:
         c.args(["run", "r.yaml", "--store", store]).current_dir(dir.path()).env("RAO_PROGRESS_EVERY_S", "0");
         c
     };
+    let t0 = std::time::Instant::now();
     let o = run("whole").output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let whole_run = t0.elapsed();
 
     let mut child = run("killed").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
     let progress = dir.path().join("killed/progress");
@@ -420,9 +422,10 @@ stages:
         assert!(child.try_wait().unwrap().is_none(), "the warm start ended before it saved progress");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    // A random moment after the first save: the kill lands at some step of some epoch.
+    // A random moment after the first save, within the first half of what the whole run took
+    // (so the run is still going on any machine): the kill lands at some step of some epoch.
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    std::thread::sleep(std::time::Duration::from_millis(u64::from(nanos % 3000)));
+    std::thread::sleep(whole_run.mul_f64(0.5 * f64::from(nanos % 1000) / 1000.0));
     child.kill().unwrap();
     child.wait().unwrap();
     let o = run("killed").output().unwrap();
