@@ -13,11 +13,11 @@ use std::time::Instant;
 
 use rao_agent::RunMeta;
 use rao_envs::textcraft::{self, Band, SynthConfig};
-use rao_policy::hf::{self, TokenizerFiles};
+use rao_policy::hf;
 use rao_stages::chat_api::{ChatApi, ChatEndpoint};
 use rao_stages::envs::TaskSet;
 use rao_stages::envs::textcraft::task_set;
-use rao_stages::neural::{LoadedModel, TextModel, acting_policy};
+use rao_stages::neural::{LoadedModel, acting_policy};
 use rao_stages::openai_policy::OpenAiPolicy;
 use rao_stages::rollout::{LimitParams, Mode, rollout_trees};
 use rao_stages::serve::{Served, serve};
@@ -32,13 +32,12 @@ async fn main() {
         match &model_dir {
             None => {
                 let cfg = rao_policy::ModelConfig { vocab: set.vocab().len(), ..rao_policy::ModelConfig::tiny() };
-                LoadedModel { policy: rao_policy::Policy::new(cfg, rao_policy::Backend::default(), 1).unwrap(), text: None }
+                LoadedModel { policy: rao_policy::Policy::new(cfg, rao_policy::Backend::default(), 1).unwrap(), tokenizer: None }
             }
             Some(dir) => {
                 let dir = std::path::Path::new(dir);
                 let pre = hf::load(dir, rao_policy::Backend::default()).unwrap();
-                let text = TextModel { tokenizer: Arc::new(pre.tokenizer.unwrap()), files: TokenizerFiles::read(dir).unwrap() };
-                LoadedModel { policy: pre.policy, text: Some(text) }
+                LoadedModel { policy: pre.policy, tokenizer: pre.tokenizer.map(Arc::new) }
             }
         }
     };

@@ -44,12 +44,12 @@ impl TypedStage for HfExport {
     fn run(ctx: StageContext, p: HfExportParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
             let model = load_model(&ctx, "checkpoint", p.backend).await?;
-            let text = model.text.ok_or_else(|| {
+            let tokenizer = model.tokenizer.ok_or_else(|| {
                 anyhow::anyhow!("the checkpoint is rao's own model (the environment's tokens): only a language model's exports as a Hugging Face directory")
             })?;
             let out = ctx.output_dir("model")?;
             hf::export(&model.policy, None, &out)?;
-            for (name, content) in text.files.named() {
+            for (name, content) in tokenizer.files().named() {
                 ctx.write_output("model", name, content.as_bytes())?;
             }
             if model.policy.lora.is_some() {

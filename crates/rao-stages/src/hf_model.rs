@@ -8,12 +8,12 @@
 use futures::future::BoxFuture;
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use rao_policy::Backend;
-use rao_policy::hf::{self, TokenizerFiles};
+use rao_policy::hf;
 use rao_policy::lora::LoraConfig;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::neural::{TextModel, write_checkpoint};
+use crate::neural::write_checkpoint;
 
 #[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -57,12 +57,11 @@ impl TypedStage for HfModel {
                 "the model's tokenizer has no chat template (tokenizer_config.json's `chat_template` or chat_template.jinja): \
                  rao renders each node's conversation through it"
             );
-            let text = TextModel { files: TokenizerFiles::read(&dir)?, tokenizer: std::sync::Arc::new(tokenizer) };
             let cfg = &model.policy.cfg;
             ctx.set_metric("trainable_parameters", model.policy.trainable_params().iter().map(|p| p.len()).sum::<usize>() as f64);
             ctx.set_metric("vocabulary", cfg.vocab as f64);
             ctx.note(format!("{:?}: {} layers, width {}, {} ids", model.family, cfg.n_layers, cfg.d_model, cfg.vocab));
-            write_checkpoint(&ctx, "checkpoint", &model.policy.checkpoint(), Some(&text))
+            write_checkpoint(&ctx, "checkpoint", &model.policy.checkpoint(), Some(&tokenizer))
         })
     }
 }

@@ -21,26 +21,20 @@ pub const OPTIM_FILE: &str = "optim.bin";
 pub const BASE_INPUT: &str = "base";
 
 /// Writes a checkpoint; a language model's tokenizer files go along (what makes it act in text).
-pub fn write_checkpoint(ctx: &StageContext, output: &str, ck: &Checkpoint, text: Option<&TextModel>) -> anyhow::Result<()> {
+pub fn write_checkpoint(ctx: &StageContext, output: &str, ck: &Checkpoint, tokenizer: Option<&TextTokenizer>) -> anyhow::Result<()> {
     ctx.write_output(output, META_FILE, serde_json::to_string_pretty(&ck.meta)?.as_bytes())?;
     ctx.write_output(output, PARAMS_FILE, &ck.params)?;
     ctx.write_output(output, OPTIM_FILE, &ck.optim)?;
-    for (name, text) in text.map(|t| t.files.named()).unwrap_or_default() {
+    for (name, text) in tokenizer.map(|t| t.files().named()).unwrap_or_default() {
         ctx.write_output(output, name, text.as_bytes())?;
     }
     Ok(())
 }
 
-/// A language model's side of a checkpoint: its tokenizer (and chat template).
-pub struct TextModel {
-    pub tokenizer: Arc<TextTokenizer>,
-    pub files: TokenizerFiles,
-}
-
 /// A checkpoint as loaded: the model and, for a language model acting in text, its tokenizer.
 pub struct LoadedModel {
     pub policy: Policy,
-    pub text: Option<TextModel>,
+    pub tokenizer: Option<Arc<TextTokenizer>>,
 }
 
 /// The checkpoint of input `input`, with its tokenizer when it has one.
@@ -64,35 +58,26 @@ pub async fn load_model(ctx: &StageContext, input: &str, backend: Backend) -> an
             policy
         }
     };
-    let has = |name: &str| a.files.iter().any(|f| f.path == name);
-    if !has("tokenizer.json") {
-        return Ok(LoadedModel { policy, text: None });
-    }
-    let read = |name: &'static str| {
-        let a = a.clone();
-        async move {
-            match a.files.iter().any(|f| f.path == name) {
-                true => Ok::<_, anyhow::Error>(Some(String::from_utf8(ctx.read_input_file(&a, name).await?.to_vec())?)),
-                false => Ok(None),
-            }
+    let read = async |name: &str| -> anyhow::Result<Option<String>> {
+        match a.files.iter().any(|f| f.path == name) {
+            true => Ok(Some(String::from_utf8(ctx.read_input_file(&a, name).await?.to_vec())?)),
+            false => Ok(None),
         }
     };
-    let files = TokenizerFiles {
-        tokenizer: read("tokenizer.json").await?.unwrap_or_default(),
-        config: read("tokenizer_config.json").await?,
-        chat_template: read("chat_template.jinja").await?,
-    };
-    let tokenizer = TextTokenizer::from_files(files.clone(), &|name| format!("{input} checkpoint: {name}"))?;
-    Ok(LoadedModel { policy, text: Some(TextModel { tokenizer: Arc::new(tokenizer), files }) })
+    let Some(tokenizer) = read("tokenizer.json").await? else { return Ok(LoadedModel { policy, tokenizer: None }) };
+    let files =
+        TokenizerFiles { tokenizer, config: read("tokenizer_config.json").await?, chat_template: read("chat_template.jinja").await? };
+    let tokenizer = TextTokenizer::from_files(files, &|name| format!("{input} checkpoint: {name}"))?;
+    Ok(LoadedModel { policy, tokenizer: Some(Arc::new(tokenizer)) })
 }
 
 /// The runtime's policy for a loaded checkpoint: in text through its tokenizer and chat template
 /// when it has one, else in the environment's tokens.
 pub fn acting_policy(model: LoadedModel, set: &dyn TaskSet, limits: &Limits, temperature: f64) -> anyhow::Result<Arc<dyn RuntimePolicy>> {
     let grammar = set.grammar(limits.max_children as usize);
-    Ok(match model.text {
-        Some(text) => {
-            Arc::new(TextPolicy::new(Arc::new(model.policy), text.tokenizer, grammar.as_ref(), set.episode(0), temperature, limits.window)?)
+    Ok(match model.tokenizer {
+        Some(tokenizer) => {
+            Arc::new(TextPolicy::new(Arc::new(model.policy), tokenizer, grammar.as_ref(), set.episode(0), temperature, limits.window)?)
         }
         None => Arc::new(NeuralPolicy::new(Arc::new(model.policy), grammar, set.vocab(), temperature)),
     })
@@ -102,8 +87,8 @@ pub fn acting_policy(model: LoadedModel, set: &dyn TaskSet, limits: &Limits, tem
 /// form over the language model's vocabulary.
 pub fn training_grammar(model: &LoadedModel, set: &dyn TaskSet, max_children: usize) -> anyhow::Result<Arc<dyn Grammar>> {
     let grammar = set.grammar(max_children);
-    Ok(match &model.text {
-        Some(text) => Arc::new(text_grammar(&model.policy, &text.tokenizer, grammar.as_ref())?),
+    Ok(match &model.tokenizer {
+        Some(tokenizer) => Arc::new(text_grammar(&model.policy, tokenizer, grammar.as_ref())?),
         None => grammar,
     })
 }
@@ -121,7 +106,7 @@ pub async fn read_checkpoint(ctx: &StageContext, a: &InputArtifact) -> anyhow::R
 pub async fn load_policy(ctx: &StageContext, input: &str, backend: Backend) -> anyhow::Result<Policy> {
     let model = load_model(ctx, input, backend).await?;
     anyhow::ensure!(
-        model.text.is_none(),
+        model.tokenizer.is_none(),
         "the `{input}` checkpoint is a language model acting in text; this stage works in the environment's tokens"
     );
     Ok(model.policy)

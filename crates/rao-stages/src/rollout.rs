@@ -477,7 +477,7 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
             );
             let model = crate::neural::load_model(ctx, "checkpoint", p.backend).await?;
             anyhow::ensure!(
-                model.text.is_none(),
+                model.tokenizer.is_none(),
                 "`policy: paced_expert` decodes the expert's actions in the environment's tokens, not a language model's"
             );
             let model = model.policy;

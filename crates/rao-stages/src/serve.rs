@@ -53,12 +53,11 @@ impl Served {
     /// A checkpoint as loaded (`neural::load_model`): in text when it has a tokenizer, the window
     /// then counted in its tokens.
     pub fn from_loaded(model: String, loaded: LoadedModel, set: Arc<dyn TaskSet>, limits: &LimitParams) -> anyhow::Result<Self> {
-        Ok(match loaded.text {
+        Ok(match loaded.tokenizer {
             None => Served::new(model, Arc::new(loaded.policy), set, limits),
-            Some(text) => {
+            Some(tokenizer) => {
                 let grammar = set.grammar(limits.max_children as usize);
-                let policy =
-                    TextPolicy::new(Arc::new(loaded.policy), text.tokenizer, grammar.as_ref(), set.episode(0), 1.0, limits.window)?;
+                let policy = TextPolicy::new(Arc::new(loaded.policy), tokenizer, grammar.as_ref(), set.episode(0), 1.0, limits.window)?;
                 Served::with(model, Model::Text(policy), set)
             }
         })

@@ -5,8 +5,6 @@
 //! from random weights. The checkpoint acts in text like `hf_model`'s, and `hf_export` writes it
 //! as a directory transformers loads.
 
-use std::sync::Arc;
-
 use futures::future::BoxFuture;
 use rao_agent::RunMeta;
 use rao_envs::text::conversation;
@@ -17,7 +15,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::envs::{self, ExpertSpec};
-use crate::neural::{TextModel, write_checkpoint};
+use crate::neural::write_checkpoint;
 use crate::rollout::{LimitParams, Mode, rollout_trees};
 
 /// ChatML, as Qwen writes it: each message `<|im_start|>ROLE\nCONTENT<|im_end|>\n`.
@@ -100,7 +98,7 @@ impl TypedStage for TextModelKind {
                 "chat_template": CHAT_TEMPLATE,
             });
             let files = TokenizerFiles::train_bpe(&corpus, p.vocab_size, &SPECIAL, config)?;
-            let tokenizer = TextTokenizer::from_files(files.clone(), &|name| format!("the trained {name}"))?;
+            let tokenizer = TextTokenizer::from_files(files, &|name| format!("the trained {name}"))?;
             let stop = tokenizer.token_id("<|im_end|>").ok_or_else(|| anyhow::anyhow!("the tokenizer lost its <|im_end|>"))?;
             let cfg = ModelConfig {
                 vocab: tokenizer.vocab_size(),
@@ -119,8 +117,7 @@ impl TypedStage for TextModelKind {
             ctx.set_metric("corpus_conversations", corpus.len() as f64);
             ctx.set_metric("vocabulary", tokenizer.vocab_size() as f64);
             ctx.set_metric("parameters", policy.model.num_params() as f64);
-            let text = TextModel { tokenizer: Arc::new(tokenizer), files };
-            write_checkpoint(&ctx, "checkpoint", &policy.checkpoint(), Some(&text))
+            write_checkpoint(&ctx, "checkpoint", &policy.checkpoint(), Some(&tokenizer))
         })
     }
 }

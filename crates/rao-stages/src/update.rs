@@ -106,11 +106,11 @@ impl TypedStage for Update {
             let set = envs::load(&ctx, "tasks").await?;
             let model = load_model(&ctx, "checkpoint", p.backend).await?;
             let grammar = training_grammar(&model, set.as_ref(), p.max_children)?;
-            let LoadedModel { mut policy, text } = model;
+            let LoadedModel { mut policy, tokenizer } = model;
             policy.optim.clip_norm = p.grad_clip;
             let nodes = read_trees(&ctx, "trees").await?;
             // Ids are only comparable in the token space the checkpoint acts in.
-            let space = text.as_ref().map(|t| token_space(&t.tokenizer)).unwrap_or_default();
+            let space = tokenizer.as_deref().map(token_space).unwrap_or_default();
             if let Some(n) = nodes.iter().find(|n| n.token_space != space) {
                 let name = |s: &str| if s.is_empty() { "the environment's tokens".to_string() } else { format!("`{s}`") };
                 anyhow::bail!(
@@ -182,7 +182,7 @@ impl TypedStage for Update {
             row.insert("mean_root_reward".into(), r.iter().sum::<f64>() / r.len().max(1) as f64);
             history.push(row);
             ctx.write_output("checkpoint", HISTORY_FILE, serde_json::to_string_pretty(&history)?.as_bytes())?;
-            write_checkpoint(&ctx, "checkpoint", &policy.checkpoint(), text.as_ref())
+            write_checkpoint(&ctx, "checkpoint", &policy.checkpoint(), tokenizer.as_deref())
         })
     }
 }

@@ -338,18 +338,18 @@ impl TypedStage for Warmstart {
             );
             ctx.set_metric("demo_sequences", seqs.len() as f64);
             // A model to start from (in text for a language model), or a new one.
-            let (start, text) = match ctx.inputs.contains_key("checkpoint") {
+            let (start, tokenizer) = match ctx.inputs.contains_key("checkpoint") {
                 true => {
-                    let LoadedModel { policy, text } = load_model(&ctx, "checkpoint", p.backend).await?;
-                    (Some(policy), text)
+                    let LoadedModel { policy, tokenizer } = load_model(&ctx, "checkpoint", p.backend).await?;
+                    (Some(policy), tokenizer)
                 }
                 false => (None, None),
             };
             let env_grammar = set.grammar(p.limits.max_children as usize);
-            let (grammar, form): (Arc<dyn rao_envs::grammar::Grammar>, Option<TextForm>) = match (&start, &text) {
+            let (grammar, form): (Arc<dyn rao_envs::grammar::Grammar>, Option<TextForm>) = match (&start, &tokenizer) {
                 (Some(policy), Some(t)) => {
-                    let grammar = text_grammar(policy, &t.tokenizer, env_grammar.as_ref())?;
-                    let form = TextForm::new(t.tokenizer.clone(), set.episode(0), grammar.stop())?;
+                    let grammar = text_grammar(policy, t, env_grammar.as_ref())?;
+                    let form = TextForm::new(t.clone(), set.episode(0), grammar.stop())?;
                     (Arc::new(grammar), Some(form))
                 }
                 _ => (env_grammar, None),
@@ -449,9 +449,8 @@ impl TypedStage for Warmstart {
                     ctx.cancellation_point().await?;
                     if gate_now {
                         let checkpoint = policy.checkpoint();
-                        let tokenizer = text.as_ref().map(|t| &t.tokenizer);
                         (st.node_success, st.root_success) =
-                            gate_check(gate_set.as_ref(), Arc::new(policy.clone()), tokenizer, &p.limits, ctx.seed).await?;
+                            gate_check(gate_set.as_ref(), Arc::new(policy.clone()), tokenizer.as_ref(), &p.limits, ctx.seed).await?;
                         st.lines.push_str(&format!(
                             "step {} loss {:.4} gate node_success {:.3} root_success {:.3}\n",
                             st.step, st.loss, st.node_success, st.root_success
@@ -493,7 +492,7 @@ impl TypedStage for Warmstart {
                     p.gate.min_node_success
                 );
             }
-            write_checkpoint(&ctx, "checkpoint", &checkpoint, text.as_ref())
+            write_checkpoint(&ctx, "checkpoint", &checkpoint, tokenizer.as_deref())
         })
     }
 }

@@ -22,7 +22,7 @@ use rao_policy::{Backend, Policy};
 use rao_stages::envs::TaskSet;
 use rao_stages::envs::longdoc::LongDocSet;
 use rao_stages::envs::multihop::MultiHopSet;
-use rao_stages::neural::{LoadedModel, TextModel};
+use rao_stages::neural::LoadedModel;
 use rao_stages::rollout::{LimitParams, Mode, rollout_trees};
 use rao_stages::serve::Served;
 use rao_stages::text_policy::{TextForm, TextPolicy, token_space};
@@ -203,12 +203,17 @@ async fn a_language_model_acts_in_text_in_every_environment_token_in_token_out()
 async fn a_served_language_model_answers_every_conversation_with_an_action() {
     let dir = fixtures().join("qwen3");
     let pre = hf::load(&dir, Backend::Cpu).unwrap();
-    let text = TextModel { tokenizer: Arc::new(pre.tokenizer.unwrap()), files: hf::TokenizerFiles::read(&dir).unwrap() };
     let world = Arc::new(textcraft::generate(&textcraft::SynthConfig::small(), 3));
     let set: Arc<dyn TaskSet> =
         Arc::new(rao_stages::envs::textcraft::task_set(&world, &textcraft::synthesize(&world, textcraft::Band::Easy, 1, true, 3)));
     let limits = LimitParams { window: 4096, ..Default::default() };
-    let served = Served::from_loaded("tiny".into(), LoadedModel { policy: pre.policy, text: Some(text) }, set.clone(), &limits).unwrap();
+    let served = Served::from_loaded(
+        "tiny".into(),
+        LoadedModel { policy: pre.policy, tokenizer: pre.tokenizer.map(Arc::new) },
+        set.clone(),
+        &limits,
+    )
+    .unwrap();
     let episode = set.episode(0);
     let goal = episode.root_goal();
     let mut context = episode.prompt(&goal, 0, true);

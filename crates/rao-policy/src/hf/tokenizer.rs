@@ -76,8 +76,9 @@ impl TokenizerFiles {
 
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
-    /// `tokenizer.json` as read (the constraint library takes each token's bytes from it).
-    source: String,
+    /// The files as read: written next to every checkpoint of the model, and the constraint
+    /// library takes each token's bytes from `tokenizer.json`.
+    files: TokenizerFiles,
     /// `bos_token` / `eos_token` of `tokenizer_config.json`, as text.
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
@@ -94,10 +95,10 @@ impl TextTokenizer {
     /// A tokenizer from the contents of its files; `name_of(file)` says where each came from (for
     /// errors).
     pub fn from_files(files: TokenizerFiles, name_of: &dyn Fn(&str) -> String) -> anyhow::Result<TextTokenizer> {
-        let TokenizerFiles { tokenizer: text, config, chat_template } = files;
+        let (text, config, chat_template) = (&files.tokenizer, files.config.clone(), files.chat_template.clone());
         let inner: tokenizers::Tokenizer =
             text.parse().map_err(|e| anyhow::anyhow!("{}: not a readable tokenizer ({e})", name_of("tokenizer.json")))?;
-        let mut tok = TextTokenizer { inner, source: text, bos_token: None, eos_token: None, chat: None };
+        let mut tok = TextTokenizer { inner, files: TokenizerFiles::default(), bos_token: None, eos_token: None, chat: None };
         if let Some(config_text) = config {
             let config = std::path::PathBuf::from(name_of("tokenizer_config.json"));
             let cfg: Value = parse_json(&config, &config_text)?;
@@ -139,6 +140,7 @@ impl TextTokenizer {
                     .map_err(|e| anyhow::anyhow!("{}: {e}", name_of("chat_template.jinja")))?,
             );
         }
+        tok.files = files;
         Ok(tok)
     }
 
@@ -160,7 +162,7 @@ impl TextTokenizer {
     /// The bytes each id stands for (special tokens marked as llguidance marks them), for
     /// constrained decoding. Byte-level and byte-fallback tokenizers have them.
     pub fn token_bytes(&self) -> anyhow::Result<Vec<Vec<u8>>> {
-        let json: serde_json::Value = serde_json::from_str(&self.source)?;
+        let json: serde_json::Value = serde_json::from_str(&self.files.tokenizer)?;
         // The library asserts on malformed byte-fallback names; the file is untrusted input.
         std::panic::catch_unwind(|| llguidance::token_bytes_from_tokenizer_json(&json))
             .map_err(|_| anyhow::anyhow!("tokenizer.json: a token's name is not a byte of its byte-fallback vocabulary"))?
@@ -169,7 +171,12 @@ impl TextTokenizer {
 
     /// `tokenizer.json` as read.
     pub fn source(&self) -> &str {
-        &self.source
+        &self.files.tokenizer
+    }
+
+    /// The files it was read from (what a checkpoint of the model carries along).
+    pub fn files(&self) -> &TokenizerFiles {
+        &self.files
     }
 
     /// Number of ids (added tokens included).
