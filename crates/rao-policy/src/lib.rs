@@ -10,6 +10,7 @@ mod machine;
 pub mod model;
 pub mod params;
 pub mod policy;
+pub mod prefix_cache;
 
 pub use machine::machine_profile;
 pub use model::{ModelConfig, Transformer};

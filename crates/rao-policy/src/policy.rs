@@ -12,8 +12,9 @@ use rao_envs::vocab::{EOS, PAD, Tok};
 use serde::{Deserialize, Serialize};
 
 use crate::lora::{self, LoraConfig};
-use crate::model::{KvCache, ModelConfig, Transformer, init_params};
+use crate::model::{KvCache, LayerKv, ModelConfig, Transformer, init_params};
 use crate::params::{AdamW, bytes_to_f32s, f32s_to_bytes, param_shapes, read_grads_where, read_params_where, write_params_where};
+use crate::prefix_cache::{Hit, LayerRows, PrefixCache};
 
 /// Masked logits and attention scores: −∞ is exact (exp gives 0) and cheap (glibc's expf returns
 /// at once for −∞, where a large finite negative takes its slow underflow path).
@@ -283,7 +284,28 @@ impl Policy {
     /// the log-prob of each under the distribution actually sampled from.
     pub fn sample(&self, reqs: &[SampleRequest], grammar: &dyn Grammar, temperature: f64) -> Vec<(Vec<Tok>, Vec<f32>)> {
         let mut rngs: Vec<Rng> = reqs.iter().map(|r| Rng::new(r.seed)).collect();
-        self.decode(reqs, |i, logits, prefix| {
+        self.decode(reqs, None, |i, logits, prefix| {
+            let allowed = grammar.allowed(reqs[i].recursive, prefix);
+            sample_masked(logits, &allowed, temperature, &mut rngs[i])
+        })
+    }
+
+    /// [`Policy::sample`], reading each context's longest cached prefix from `cache` and
+    /// prefilling only the rest; what each row ran (its context and all but its last sampled
+    /// token) goes back into the cache for the row's next request. `shared[i] > 0` also keeps
+    /// the first `shared[i]` tokens of row `i` as a shared entry (a prompt every node starts
+    /// with). Without the fused CPU kernels (the GPU backend) it samples as `sample` does.
+    pub fn sample_cached(
+        &self,
+        reqs: &[SampleRequest],
+        shared: &[usize],
+        grammar: &dyn Grammar,
+        temperature: f64,
+        cache: &mut PrefixCache,
+    ) -> Vec<(Vec<Tok>, Vec<f32>)> {
+        assert_eq!(reqs.len(), shared.len(), "one shared length per request");
+        let mut rngs: Vec<Rng> = reqs.iter().map(|r| Rng::new(r.seed)).collect();
+        self.decode(reqs, Some((cache, shared)), |i, logits, prefix| {
             let allowed = grammar.allowed(reqs[i].recursive, prefix);
             sample_masked(logits, &allowed, temperature, &mut rngs[i])
         })
@@ -295,7 +317,7 @@ impl Policy {
     /// a row stops there or when its window runs out. Log-probs are the model's own.
     pub fn force(&self, reqs: &[SampleRequest], actions: &[Vec<Tok>]) -> Vec<(Vec<Tok>, Vec<f32>)> {
         assert_eq!(reqs.len(), actions.len(), "one forced action per request");
-        self.decode(reqs, |i, logits, prefix| {
+        self.decode(reqs, None, |i, logits, prefix| {
             let tok = actions[i].get(prefix.len()).copied().unwrap_or(self.stop_tokens[0]);
             let max = logits.iter().cloned().fold(f32::MIN, f32::max);
             let z: f32 = logits.iter().map(|x| (x - max).exp()).sum();
@@ -305,52 +327,103 @@ impl Policy {
 
     /// The decoding loop shared by `sample` and `force`: `choose(row, last logits, tokens so
     /// far)` picks each row's next token and its log-prob.
-    fn decode(&self, reqs: &[SampleRequest], choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32) + Send) -> Vec<(Vec<Tok>, Vec<f32>)> {
-        on_compute_pool(|| self.decode_here(reqs, choose))
+    fn decode(
+        &self,
+        reqs: &[SampleRequest],
+        cache: Option<(&mut PrefixCache, &[usize])>,
+        choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32) + Send,
+    ) -> Vec<(Vec<Tok>, Vec<f32>)> {
+        on_compute_pool(|| self.decode_here(reqs, cache, choose))
     }
 
     fn decode_here(
         &self,
         reqs: &[SampleRequest],
+        mut prefixes: Option<(&mut PrefixCache, &[usize])>,
         mut choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32),
     ) -> Vec<(Vec<Tok>, Vec<f32>)> {
         if reqs.is_empty() {
             return vec![];
         }
+        if !crate::kernels::serves(&self.device) {
+            prefixes = None; // a cache of host rows needs the fused kernels
+        }
         let model = self.model.valid();
         let dev = &self.device;
         let b = reqs.len();
         let lens: Vec<usize> = reqs.iter().map(|r| r.context.len()).collect();
-        let t = *lens.iter().max().unwrap();
+        // Row i's first `cached[i]` positions come from the prefix cache (`c` slots of the KV
+        // cache, zeros past a row's own), the rest `new[i]` are prefilled into `t` slots after
+        // them; then one slot per decoded token.
+        let hits: Vec<Option<Hit>> = match prefixes.as_mut() {
+            Some((pc, _)) => reqs.iter().map(|r| pc.lookup(&r.context)).collect(),
+            None => vec![None; b],
+        };
+        let cached: Vec<usize> = hits.iter().map(|h| h.map_or(0, |h| h.len)).collect();
+        let new: Vec<usize> = (0..b).map(|i| lens[i] - cached[i]).collect();
+        let c = *cached.iter().max().unwrap();
+        let t = *new.iter().max().unwrap();
         let mut toks = vec![PAD as i64; b * t];
+        let mut prev = vec![PAD as i64; b * t];
         for (i, r) in reqs.iter().enumerate() {
-            for (j, &x) in r.context.iter().enumerate() {
-                toks[i * t + j] = x as i64;
+            for j in 0..new[i] {
+                let at = cached[i] + j;
+                toks[i * t + j] = r.context[at] as i64;
+                if at > 0 {
+                    prev[i * t + j] = r.context[at - 1] as i64;
+                }
             }
         }
-        let prev = Tensor::<2, Int>::from_data(TensorData::new(previous_tokens(&toks, b, t), [b, t]), dev);
-        let positions: Vec<Vec<usize>> = (0..b).map(|_| (0..t).collect()).collect();
-        let bias = causal_bias(&lens, t);
+        let positions: Vec<Vec<usize>> = (0..b).map(|i| (cached[i]..cached[i] + t).collect()).collect();
+        let mut bias = vec![NEG; b * t * (c + t)];
+        for i in 0..b {
+            for q in 0..t {
+                let row = &mut bias[(i * t + q) * (c + t)..(i * t + q + 1) * (c + t)];
+                row[..cached[i]].fill(0.0);
+                row[c..=c + q.min(new[i] - 1)].fill(0.0);
+            }
+        }
         let mut cache = KvCache::default();
+        if let Some((pc, _)) = prefixes.as_ref()
+            && c > 0
+        {
+            let (layers, dkv) = (self.cfg.n_layers, self.cfg.kv_heads() * self.cfg.head_dim());
+            let empty = LayerRows { k: vec![], v: vec![] };
+            cache.layers = (0..layers)
+                .map(|l| {
+                    let rows: Vec<(&[f32], &[f32])> = hits
+                        .iter()
+                        .map(|h| {
+                            let r = h.as_ref().map_or(&empty, |h| &pc.layers(h)[l]);
+                            (r.k.as_slice(), r.v.as_slice())
+                        })
+                        .collect();
+                    Some(LayerKv::Rows(crate::kernels::KvRows::from_prefixes(&rows, c, dkv, t + 16)))
+                })
+                .collect();
+        }
+        if let Some((pc, _)) = prefixes.as_mut() {
+            hits.iter().flatten().for_each(|h| pc.consumed(h));
+        }
         let fused = model.fuse();
         let hidden = model.hidden_fused(
             &fused,
             Tensor::<2, Int>::from_data(TensorData::new(toks, [b, t]), dev),
-            prev,
+            Tensor::<2, Int>::from_data(TensorData::new(prev, [b, t]), dev),
             &positions,
-            Tensor::<4>::from_data(TensorData::new(bias, [b, 1, t, t]), dev),
+            Tensor::<4>::from_data(TensorData::new(bias, [b, 1, t, c + t]), dev),
             Some(&mut cache),
         );
         // Logits of each prompt's last position only: all `[B, T, V]` of them would be 2.5 GB at
         // B = T = 64 over Qwen's 151,936 tokens, past what one wgpu buffer may hold (on an H200).
-        let last_rows: Vec<i64> = (0..b).map(|i| (i * t + lens[i] - 1) as i64).collect();
+        let last_rows: Vec<i64> = (0..b).map(|i| (i * t + new[i] - 1) as i64).collect();
         let logits = model.head(hidden.select(0, Tensor::<1, Int>::from_data(TensorData::new(last_rows, [b]), dev)));
         let vocab = self.cfg.vocab;
         let all: Vec<f32> = logits.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 logits");
         let mut last: Vec<Vec<f32>> = (0..b).map(|i| all[i * vocab..(i + 1) * vocab].to_vec()).collect();
         let mut out: Vec<(Vec<Tok>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); b];
         let mut done: Vec<bool> = reqs.iter().map(|r| r.max_new_tokens == 0).collect();
-        let mut slots = t; // keys in the cache
+        let mut slots = c + t; // keys in the cache
         loop {
             let mut next = vec![PAD as i64; b];
             // The token before each row's next one: the last generated, else the context's last.
@@ -375,11 +448,10 @@ impl Policy {
             let s = slots + 1;
             let mut bias = vec![NEG; b * s];
             for i in 0..b {
-                for k in 0..s {
-                    if k < lens[i] || k >= t {
-                        bias[i * s + k] = 0.0;
-                    }
-                }
+                let row = &mut bias[i * s..(i + 1) * s];
+                row[..cached[i]].fill(0.0);
+                row[c..c + new[i]].fill(0.0);
+                row[c + t..].fill(0.0);
             }
             let logits = model.forward_fused(
                 &fused,
@@ -392,6 +464,9 @@ impl Policy {
             slots = s;
             let all: Vec<f32> = logits.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 logits");
             last = (0..b).map(|i| all[i * vocab..(i + 1) * vocab].to_vec()).collect();
+        }
+        if let Some((pc, shared)) = prefixes {
+            keep_prefixes(pc, shared, reqs, &out, &cache, (&cached, &new), (c, t));
         }
         out
     }
@@ -582,6 +657,43 @@ fn causal_bias(lens: &[usize], t: usize) -> Vec<f32> {
         }
     }
     bias
+}
+
+/// After decoding: each row's context and all but its last sampled token (the ones that went
+/// through the model) into the prefix cache, gathered from the slots the decode loop used
+/// (`cached` from the cache at `0..`, `new` prefilled at `c..`, generated at `c + t..`), and
+/// each row's shared prompt as its own entry.
+fn keep_prefixes(
+    pc: &mut PrefixCache,
+    shared: &[usize],
+    reqs: &[SampleRequest],
+    out: &[(Vec<Tok>, Vec<f32>)],
+    cache: &KvCache,
+    (cached, new): (&[usize], &[usize]),
+    (c, t): (usize, usize),
+) {
+    for (i, r) in reqs.iter().enumerate() {
+        let ran = out[i].0.len().saturating_sub(1);
+        let ranges = [0..cached[i], c..c + new[i], c + t..c + t + ran];
+        let layers: Vec<LayerRows> = cache
+            .layers
+            .iter()
+            .map(|l| match l {
+                Some(LayerKv::Rows(rows)) => {
+                    let (k, v) = rows.gather(i, &ranges);
+                    LayerRows { k, v }
+                }
+                _ => unreachable!("the fused kernels keep every layer's cache as host rows"),
+            })
+            .collect();
+        let share = shared[i];
+        if share > 0 && share < r.context.len() {
+            let dkv = layers.first().map_or(0, |l| l.k.len() / (r.context.len() + ran));
+            let head = layers.iter().map(|l| LayerRows { k: l.k[..share * dkv].to_vec(), v: l.v[..share * dkv].to_vec() }).collect();
+            pc.insert(r.context[..share].to_vec(), head, true);
+        }
+        pc.insert([r.context.as_slice(), &out[i].0[..ran]].concat(), layers, false);
+    }
 }
 
 /// Row-major `[b, t]` tokens shifted one place right within each row (`PAD` first).

@@ -162,6 +162,53 @@ fn sampled_logprobs_equal_a_fresh_forward_pass_and_train() {
     }
 }
 
+/// The sampler's prefix cache across calls (an agent's node asks once per action): a context
+/// continued from an earlier call prefills only its new tokens, and decodes as transformers does
+/// without any cache; log-probs sampled through it equal a fresh forward's; a shared prompt
+/// serves a request that only starts like it.
+#[test]
+fn a_prefix_cache_across_calls_decodes_as_transformers_does() {
+    use rao_policy::prefix_cache::PrefixCache;
+    for name in MODELS {
+        let exp = expected(name);
+        let mut model = load(name);
+        let vocab = model.policy.cfg.vocab;
+        model.policy.stop_tokens = vec![vocab as Tok];
+        let grammar = AnyToken(vocab);
+        let mut cache = PrefixCache::default();
+        let req = |context: Vec<Tok>, n: usize, seed: u64| SampleRequest { context, max_new_tokens: n, seed, recursive: false };
+        // Greedy: 16 tokens, then the next 16 from the prompt plus those (prefilling one token).
+        let first: Vec<SampleRequest> = exp.prompts.iter().map(|p| req(p.clone(), 16, 0)).collect();
+        let shared: Vec<usize> = exp.prompts.iter().map(|p| p.len() / 2).collect();
+        let a = model.policy.sample_cached(&first, &shared, &grammar, 0.0, &mut cache);
+        let second: Vec<SampleRequest> = exp.prompts.iter().zip(&a).map(|(p, (t, _))| req([p.as_slice(), t].concat(), 16, 0)).collect();
+        let before = cache.stats;
+        let b = model.policy.sample_cached(&second, &vec![0; second.len()], &grammar, 0.0, &mut cache);
+        assert_eq!(cache.stats.hits - before.hits, second.len(), "{name}: every continued context found its prefix");
+        assert_eq!(cache.stats.prefilled_tokens - before.prefilled_tokens, second.len(), "{name}: one new token each to prefill");
+        for (i, (((x, _), (y, _)), want)) in a.iter().zip(&b).zip(&exp.greedy).enumerate() {
+            assert_eq!(&[x.as_slice(), y].concat(), want, "{name}: greedy decode of prompt {i} in two calls through the cache");
+        }
+        // A request that only starts like a shared prompt reads that much of it.
+        let p0 = &exp.prompts[0];
+        let other = req([&p0[..shared[0]], &[1, 2, 3][..]].concat(), 4, 0);
+        let before = cache.stats;
+        model.policy.sample_cached(std::slice::from_ref(&other), &[0], &grammar, 0.0, &mut cache);
+        assert_eq!(cache.stats.reused_tokens - before.reused_tokens, shared[0], "{name}: the shared prompt was read");
+        // Sampled at τ = 1 through the cache: the log-probs of the distribution sampled from.
+        let third: Vec<SampleRequest> =
+            second.iter().zip(&b).enumerate().map(|(i, (r, (t, _)))| req([r.context.as_slice(), t].concat(), 8, 9 + i as u64)).collect();
+        let c = model.policy.sample_cached(&third, &vec![0; third.len()], &grammar, 1.0, &mut cache);
+        let seqs: Vec<Sequence> =
+            third.iter().zip(&c).map(|(r, (t, lp))| Sequence::from_completion(&r.context, t, lp, 1.0, false)).collect();
+        for ((_, lps), fresh) in c.iter().zip(model.policy.sequence_logprobs(&seqs, &grammar, 1.0)) {
+            for (x, y) in lps.iter().zip(&fresh) {
+                assert!((x - y).abs() < 1e-4, "{name}: log-prob sampled through the cache {x} vs a fresh forward's {y}");
+            }
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct TokenizerExpected {
     texts: Vec<String>,

@@ -476,13 +476,18 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
                 "`policy: paced_expert` needs a `checkpoint` input (the model whose compute paces it)"
             );
             let model = crate::neural::load_model(ctx, "checkpoint", p.backend).await?;
-            anyhow::ensure!(
-                model.tokenizer.is_none(),
-                "`policy: paced_expert` decodes the expert's actions in the environment's tokens, not a language model's"
-            );
-            let model = model.policy;
             let expert = set.expert(ExpertSpec { delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed }, &limits);
-            Arc::new(crate::neural::PacedExpert { expert, model: Arc::new(model), rec: set.vocab().id("<rec>") })
+            match model.tokenizer {
+                // A language model: the expert's turns in its tokens, at the text window.
+                Some(tokenizer) => Arc::new(crate::text_policy::TextPacedExpert::new(
+                    expert,
+                    Arc::new(model.policy),
+                    tokenizer,
+                    set.episode(0),
+                    limits.window,
+                )?),
+                None => Arc::new(crate::neural::PacedExpert { expert, model: Arc::new(model.policy), rec: set.vocab().id("<rec>") }),
+            }
         }
         PolicyKind::OpenAi => {
             let endpoint = p.openai.clone().ok_or_else(|| anyhow::anyhow!("`policy: openai` needs an `openai` block"))?;

@@ -6,8 +6,8 @@
 //! earlier tokens plus what the template adds for the new observation, never a re-tokenised
 //! rendering of the whole conversation, and the tree records those ids for training.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use rao_agent::{ModelTokens, Request, Response};
@@ -18,6 +18,7 @@ use rao_envs::vocab::{EOS, Tok};
 use rao_policy::hf::TextTokenizer;
 use rao_policy::hf::chat::ChatTemplate;
 use rao_policy::hf::constraint::TextGrammar;
+use rao_policy::prefix_cache::PrefixCache;
 use rao_policy::{Policy, SampleRequest, Sequence};
 use serde_json::json;
 
@@ -117,6 +118,30 @@ impl TextForm {
         self.tokenizer.encode(&text, false)
     }
 
+    /// How many of a first prompt's tokens (`fed`, for the node's `context`) are its system
+    /// message alone — the instructions every node of its mode starts with, worth caching once.
+    /// 0 where the template's tokens for the system message are not a prefix of the prompt's.
+    pub fn system_prefix(&self, context: &[Tok], fed: &[u32]) -> usize {
+        let head = conversation(self.episode.as_ref(), context)
+            .and_then(|m| m.first().cloned())
+            .and_then(|system| self.render(&[system], false).ok())
+            .and_then(|text| self.tokenizer.encode(&text, false).ok());
+        match head {
+            Some(head) if head.len() < fed.len() && fed.starts_with(&head) => head.len(),
+            _ => 0,
+        }
+    }
+
+    /// An action in the environment's tokens as the model's reply: its words, and the stop
+    /// token where the action ends (`<eos>`).
+    pub fn reply(&self, action: &[Tok]) -> anyhow::Result<Vec<u32>> {
+        let mut reply = self.tokenizer.encode(&words(self.episode.vocab(), action), false)?;
+        if action.last() == Some(&EOS) {
+            reply.push(self.stop);
+        }
+        Ok(reply)
+    }
+
     /// A node's sequence in the environment's tokens (prompt, then each action and observation)
     /// as the model's tokens: what a rollout of the same actions feeds it, each action written in
     /// words and ended by the stop token. For demonstrations (log-probs 0).
@@ -138,11 +163,7 @@ impl TextForm {
                 i += 1;
             }
             let action = &s.tokens[start..i];
-            let mut reply = self.tokenizer.encode(&words(self.episode.vocab(), action), false)?;
-            if action.last() == Some(&EOS) {
-                reply.push(self.stop);
-            }
-            push(&mut out, &reply, true);
+            push(&mut out, &self.reply(action)?, true);
             context.extend(action);
             let start = i;
             while i < n && !s.generated[i] {
@@ -165,6 +186,8 @@ pub struct TextPolicy {
     window: usize,
     /// Replies that did not read as an action (impossible under the grammar; counted).
     pub unusable: AtomicUsize,
+    /// Keys and values of the nodes' contexts so far: each action prefills only what is new.
+    cache: Arc<Mutex<PrefixCache>>,
 }
 
 impl TextPolicy {
@@ -187,6 +210,7 @@ impl TextPolicy {
             temperature,
             window,
             unusable: AtomicUsize::new(0),
+            cache: Arc::default(),
         })
     }
 
@@ -200,6 +224,7 @@ impl TextPolicy {
             temperature,
             window: self.window,
             unusable: AtomicUsize::new(0),
+            cache: self.cache.clone(),
         }
     }
 
@@ -217,6 +242,7 @@ impl rao_agent::Policy for TextPolicy {
             let mut fed: Vec<Vec<u32>> = Vec::with_capacity(batch.len());
             let mut reqs: Vec<SampleRequest> = Vec::new();
             let mut rows: Vec<Option<usize>> = Vec::with_capacity(batch.len());
+            let mut shared: Vec<usize> = Vec::new();
             for r in &batch {
                 let feed = self.form.to_feed(&r.context, r.model_context.is_empty()).unwrap_or_else(|e| {
                     note_failure(&e);
@@ -229,6 +255,7 @@ impl rao_agent::Policy for TextPolicy {
                     continue;
                 }
                 rows.push(Some(reqs.len()));
+                shared.push(if r.model_context.is_empty() { self.form.system_prefix(&r.context, &feed) } else { 0 });
                 reqs.push(SampleRequest {
                     context: [r.model_context.as_slice(), &feed].concat(),
                     max_new_tokens: self.window - used,
@@ -237,9 +264,13 @@ impl rao_agent::Policy for TextPolicy {
                 });
                 fed.push(feed);
             }
-            let (policy, grammar, temperature) = (self.policy.clone(), self.grammar.clone(), self.temperature);
-            let sampled =
-                tokio::task::spawn_blocking(move || policy.sample(&reqs, grammar.as_ref(), temperature)).await.expect("sampling panicked");
+            let (policy, grammar, temperature, cache) = (self.policy.clone(), self.grammar.clone(), self.temperature, self.cache.clone());
+            let sampled = tokio::task::spawn_blocking(move || {
+                let mut cache = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                policy.sample_cached(&reqs, &shared, grammar.as_ref(), temperature, &mut cache)
+            })
+            .await
+            .expect("sampling panicked");
             rows.into_iter()
                 .zip(fed)
                 .map(|(row, fed)| {
@@ -261,7 +292,14 @@ impl rao_agent::Policy for TextPolicy {
     }
 
     fn counters(&self) -> Vec<(&'static str, f64)> {
-        vec![("text_unusable_replies", self.unusable.load(Ordering::Relaxed) as f64)]
+        let stats = self.cache.lock().map(|c| c.stats).unwrap_or_default();
+        vec![
+            ("text_unusable_replies", self.unusable.load(Ordering::Relaxed) as f64),
+            ("prefix_cache_hits", stats.hits as f64),
+            ("prefix_cache_misses", stats.misses as f64),
+            ("prefix_cache_reused_tokens", stats.reused_tokens as f64),
+            ("prefilled_tokens", stats.prefilled_tokens as f64),
+        ]
     }
 
     fn counts_own_window(&self) -> bool {
@@ -295,4 +333,92 @@ impl TextPolicy {
 fn note_failure(e: &anyhow::Error) {
     static SHOWN: std::sync::Once = std::sync::Once::new();
     SHOWN.call_once(|| eprintln!("policy: text: {e:#} (the node ends; further failures are not shown)"));
+}
+
+/// The scripted expert's actions in a language model's tokens, decoded through that model
+/// (teacher forcing, `Policy::force`): the expert's behaviour at the text window — its turns
+/// rendered and counted exactly as the model's own would be — and at the model's compute cost.
+/// What `policy: paced_expert` is for a checkpoint that acts in text: the ceiling of a text table.
+pub struct TextPacedExpert {
+    expert: Arc<dyn rao_agent::Policy>,
+    policy: Arc<Policy>,
+    form: Arc<TextForm>,
+    space: Arc<str>,
+    window: usize,
+}
+
+impl TextPacedExpert {
+    pub fn new(
+        expert: Arc<dyn rao_agent::Policy>,
+        policy: Arc<Policy>,
+        tokenizer: Arc<TextTokenizer>,
+        episode: Arc<dyn Episode>,
+        window: usize,
+    ) -> anyhow::Result<Self> {
+        let stop = *policy.stop_tokens.first().ok_or_else(|| anyhow::anyhow!("the model has no stop token"))?;
+        Ok(TextPacedExpert {
+            space: token_space(&tokenizer).into(),
+            form: Arc::new(TextForm::new(tokenizer, episode, stop)?),
+            expert,
+            policy,
+            window,
+        })
+    }
+}
+
+impl rao_agent::Policy for TextPacedExpert {
+    fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
+        Box::pin(async move {
+            let rec = self.form.episode.vocab().id("<rec>");
+            let mut reqs = Vec::new();
+            let mut replies = Vec::new();
+            let mut rows: Vec<Option<(usize, Vec<u32>)>> = Vec::with_capacity(batch.len());
+            let actions = self.expert.act(batch.clone()).await;
+            for (r, action) in batch.iter().zip(&actions) {
+                let fed = self.form.to_feed(&r.context, r.model_context.is_empty());
+                let reply = self.form.reply(&action.tokens);
+                let (Ok(fed), Ok(reply)) = (fed, reply) else {
+                    rows.push(None);
+                    continue;
+                };
+                let used = r.model_context.len() + fed.len();
+                if used >= self.window {
+                    rows.push(None);
+                    continue;
+                }
+                rows.push(Some((reqs.len(), fed.clone())));
+                reqs.push(SampleRequest {
+                    context: [r.model_context.as_slice(), &fed].concat(),
+                    max_new_tokens: self.window - used,
+                    seed: r.seed,
+                    recursive: r.context.get(1) == Some(&rec),
+                });
+                replies.push(reply);
+            }
+            let policy = self.policy.clone();
+            let forced = tokio::task::spawn_blocking(move || policy.force(&reqs, &replies)).await.expect("forced decoding panicked");
+            rows.into_iter()
+                .zip(actions)
+                .map(|(row, action)| {
+                    let Some((i, fed)) = row else {
+                        let none = ModelTokens { space: self.space.clone(), ..Default::default() };
+                        return Response { tokens: vec![], logprobs: vec![], model: Some(none) };
+                    };
+                    let (sampled, logprobs) = forced[i].clone();
+                    // The window ran out before the reply's stop token: an overflow.
+                    let fits = sampled.last() == self.policy.stop_tokens.first();
+                    let tokens = if fits { action.tokens } else { vec![] };
+                    Response {
+                        logprobs: vec![0.0; tokens.len()],
+                        tokens,
+                        model: Some(ModelTokens { space: self.space.clone(), fed, sampled, logprobs }),
+                    }
+                })
+                .collect()
+        })
+    }
+
+    fn counts_own_window(&self) -> bool {
+        true
+    }
 }

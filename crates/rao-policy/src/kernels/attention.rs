@@ -231,6 +231,36 @@ impl KvRows {
         };
         (self.k, self.v, self.cap) = (grow(&self.k), grow(&self.v), cap);
     }
+
+    /// A cache of `prefixes.len()` sequences holding `len` positions each, sequence `b`'s first
+    /// ones being `prefixes[b]` (keys, values: `n_b · dkv` floats each, `n_b ≤ len`); the
+    /// positions past `n_b` are zeros that the caller's bias must hide. Room for `extra` more.
+    pub fn from_prefixes(prefixes: &[(&[f32], &[f32])], len: usize, dkv: usize, extra: usize) -> KvRows {
+        let (batch, cap) = (prefixes.len(), (len + extra).max(16));
+        let mut rows = KvRows { k: vec![0.0; batch * cap * dkv], v: vec![0.0; batch * cap * dkv], len, cap, batch, dkv };
+        for (b, (k, v)) in prefixes.iter().enumerate() {
+            assert!(k.len() == v.len() && k.len() <= len * dkv, "a prefix longer than the cache");
+            rows.k[b * cap * dkv..][..k.len()].copy_from_slice(k);
+            rows.v[b * cap * dkv..][..v.len()].copy_from_slice(v);
+        }
+        rows
+    }
+
+    /// Sequence `b`'s keys and values at the positions of `ranges`, one after another.
+    pub fn gather(&self, b: usize, ranges: &[std::ops::Range<usize>]) -> (Vec<f32>, Vec<f32>) {
+        let base = b * self.cap * self.dkv;
+        let pick = |all: &[f32]| ranges.iter().flat_map(|r| &all[base + r.start * self.dkv..base + r.end * self.dkv]).copied().collect();
+        (pick(&self.k), pick(&self.v))
+    }
+
+    /// Positions held per sequence.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// Decoding attention: `t` new rows per sequence (`x.qkv: [B·T, Dq + 2·Dkv]`, rotary tables for

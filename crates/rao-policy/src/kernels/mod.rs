@@ -44,6 +44,12 @@ pub(crate) fn fused<const D: usize>(t: &Tensor<D>) -> bool {
     enabled() && t.dtype() == DType::F32 && matches!(t.device().as_dispatch().clone().inner(), DispatchDevice::Flex(_))
 }
 
+/// Whether forward passes of f32 tensors on `device` take the fused kernels (and so keep a KV
+/// cache as host rows).
+pub fn serves(device: &burn::tensor::Device) -> bool {
+    enabled() && matches!(device.as_dispatch().clone().inner(), DispatchDevice::Flex(_))
+}
+
 /// RMSNorm of the rows of `x: [N, D]` (same as `norm.forward(x)`).
 pub fn rms_norm(norm: &RmsNorm, x: Tensor<2>) -> Tensor<2> {
     if !fused(&x) {
