@@ -230,52 +230,75 @@ fn the_bring_your_own_model_pipeline_runs_end_to_end_on_a_tiny_model() {
 
 /// A model made here for the environment (`text_model`: a BPE trained on its conversations, a
 /// random Qwen3), acting in text, exported, and read by transformers: its tokenizer gives the
-/// ids rao fed the model, its model runs on them.
+/// ids rao fed the model, its model runs on them. With merges across words the instructions
+/// every conversation repeats take a few tokens (and the constraint library still compiles the
+/// grammar over the longer tokens). The scripted expert's actions in the model's tokens
+/// (`paced_expert`) solve every task recursively within the text window.
 #[test]
 fn a_text_model_made_for_the_environment_acts_and_exports_to_transformers() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("p.yaml"),
-        r#"
+    let first_prompt = |merges: &str, vocab: usize| -> usize {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("p.yaml"),
+            format!(
+                r#"
 name: made
 seed: 2
 params:
-  limits: {window: 2048, max_depth: 2, max_children: 2, max_nodes: 6, step_budget: 3}
+  limits: {{window: 2048, max_depth: 2, max_children: 2, max_nodes: 6, step_budget: 3}}
 stages:
-  tasks: {kind: synthesize, params: {bands: [easy, medium], per_band: 3, task_seed: 1}}
+  tasks: {{kind: synthesize, params: {{bands: [easy, medium], per_band: 3, task_seed: 1}}}}
   model:
     kind: text_model
-    inputs: {tasks: tasks.tasks}
-    params: {model: {d_model: 32, n_layers: 1, n_heads: 4, n_kv_heads: 2, d_ff: 64}, vocab_size: 400, limits: "${params.limits}"}
+    inputs: {{tasks: tasks.tasks}}
+    params: {{model: {{d_model: 32, n_layers: 1, n_heads: 4, n_kv_heads: 2, d_ff: 64}}, vocab_size: {vocab}, merges: {merges}, limits: "${{params.limits}}"}}
   rollout:
     kind: rollout
-    inputs: {tasks: tasks.tasks, checkpoint: model.checkpoint}
-    params: {policy: checkpoint, group_size: 1, limits: "${params.limits}"}
-  export: {kind: hf_export, inputs: {checkpoint: model.checkpoint}}
-"#,
-    )
-    .unwrap();
-    let o = rao(&["run", "p.yaml"], dir.path());
-    assert!(o.status.success(), "{}", text(&o));
-    let trees =
-        rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), "rollout", "trees.parquet")).unwrap().into()).unwrap();
-    assert!(trees.iter().all(|n| n.turns.iter().all(|t| !t.observation.contains("err syntax"))), "every sampled action parses");
-    let tokenizer: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(file_of(dir.path(), "model", "tokenizer.json")).unwrap()).unwrap();
-    assert_eq!(tokenizer["model"]["vocab"].as_object().unwrap().len(), 400, "the BPE has the vocabulary asked for");
-    let exported = file_of(dir.path(), "export", "config.json").parent().unwrap().to_path_buf();
-    let prompt = serde_json::to_string(&trees[0].prompt_ids).unwrap();
-    let check = format!(
-        "import json, torch, transformers as t\n\
-         tok = t.AutoTokenizer.from_pretrained({dir:?}); model = t.AutoModelForCausalLM.from_pretrained({dir:?})\n\
-         ids = json.loads({prompt:?})\n\
-         assert tok(tok.decode(ids), add_special_tokens=False).input_ids == ids, 'the tokenizers differ'\n\
-         out = model(torch.tensor([ids])).logits\n\
-         assert out.shape[-1] == model.config.vocab_size and torch.isfinite(out).all()\n\
-         print(tok.apply_chat_template([{{'role': 'user', 'content': 'hi'}}], tokenize=False, add_generation_prompt=True))",
-        dir = exported.display().to_string()
-    );
-    let o = Command::new(std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into())).arg("-c").arg(&check).output().unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"), "{}", text(&o));
+    inputs: {{tasks: tasks.tasks, checkpoint: model.checkpoint}}
+    params: {{policy: checkpoint, group_size: 1, limits: "${{params.limits}}"}}
+  expert:
+    kind: evaluate
+    inputs: {{tasks: tasks.tasks, checkpoint: model.checkpoint}}
+    params: {{label: expert, policy: paced_expert, modes: [recursive], limits: {{window: 1500, max_depth: 6, max_children: 4, max_nodes: 64}}}}
+  export: {{kind: hf_export, inputs: {{checkpoint: model.checkpoint}}}}
+"#
+            ),
+        )
+        .unwrap();
+        let o = rao(&["run", "p.yaml"], dir.path());
+        assert!(o.status.success(), "{merges}: {}", text(&o));
+        let read = |stage: &str| {
+            rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), stage, "trees.parquet")).unwrap().into()).unwrap()
+        };
+        let trees = read("rollout");
+        assert!(
+            trees.iter().all(|n| n.turns.iter().all(|t| !t.observation.contains("err syntax"))),
+            "{merges}: every sampled action parses"
+        );
+        let expert = read("expert");
+        assert!(expert.iter().all(|n| n.token_space.starts_with("model:")), "{merges}: the expert's turns are in the model's tokens");
+        assert!(expert.iter().filter(|n| n.depth == 0).all(|n| n.score == 1.0), "{merges}: the expert solves every task recursively");
+        assert!(expert.iter().all(|n| (n.context_tokens as usize) <= 1500), "{merges}: within the text window");
+        let tokenizer: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(file_of(dir.path(), "model", "tokenizer.json")).unwrap()).unwrap();
+        assert_eq!(tokenizer["model"]["vocab"].as_object().unwrap().len(), vocab, "the BPE has the vocabulary asked for");
+        let exported = file_of(dir.path(), "export", "config.json").parent().unwrap().to_path_buf();
+        let prompt = serde_json::to_string(&trees[0].prompt_ids).unwrap();
+        let check = format!(
+            "import json, torch, transformers as t\n\
+             tok = t.AutoTokenizer.from_pretrained({dir:?}); model = t.AutoModelForCausalLM.from_pretrained({dir:?})\n\
+             ids = json.loads({prompt:?})\n\
+             assert tok(tok.decode(ids), add_special_tokens=False).input_ids == ids, 'the tokenizers differ'\n\
+             out = model(torch.tensor([ids])).logits\n\
+             assert out.shape[-1] == model.config.vocab_size and torch.isfinite(out).all()\n\
+             print(tok.apply_chat_template([{{'role': 'user', 'content': 'hi'}}], tokenize=False, add_generation_prompt=True))",
+            dir = exported.display().to_string()
+        );
+        let o = Command::new(std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into())).arg("-c").arg(&check).output().unwrap();
+        assert!(o.status.success(), "{merges}: {}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"), "{}", text(&o));
+        trees[0].prompt_ids.len()
+    };
+    let (within, across) = (first_prompt("within_words", 400), first_prompt("across_words", 1024));
+    assert!(across * 3 < within, "merges across words: a first prompt of {across} tokens against {within}");
 }

@@ -316,8 +316,22 @@ impl Policy {
     /// clock) is that of a model that chose these tokens. `actions[i]` should end in `<eos>`;
     /// a row stops there or when its window runs out. Log-probs are the model's own.
     pub fn force(&self, reqs: &[SampleRequest], actions: &[Vec<Tok>]) -> Vec<(Vec<Tok>, Vec<f32>)> {
+        self.force_with(reqs, actions, None)
+    }
+
+    /// [`Policy::force`] through a prefix cache, as [`Policy::sample_cached`] samples.
+    pub fn force_cached(&self, reqs: &[SampleRequest], actions: &[Vec<Tok>], cache: &mut PrefixCache) -> Vec<(Vec<Tok>, Vec<f32>)> {
+        self.force_with(reqs, actions, Some((cache, &vec![0; reqs.len()])))
+    }
+
+    fn force_with(
+        &self,
+        reqs: &[SampleRequest],
+        actions: &[Vec<Tok>],
+        cache: Option<(&mut PrefixCache, &[usize])>,
+    ) -> Vec<(Vec<Tok>, Vec<f32>)> {
         assert_eq!(reqs.len(), actions.len(), "one forced action per request");
-        self.decode(reqs, None, |i, logits, prefix| {
+        self.decode(reqs, cache, |i, logits, prefix| {
             let tok = actions[i].get(prefix.len()).copied().unwrap_or(self.stop_tokens[0]);
             let max = logits.iter().cloned().fold(f32::MIN, f32::max);
             let z: f32 = logits.iter().map(|x| (x - max).exp()).sum();

@@ -42,11 +42,23 @@ pub struct TextModelParams {
     /// Tokens of the BPE vocabulary (its three special tokens included).
     #[serde(default = "vocab_size")]
     pub vocab_size: usize,
+    /// Whether the tokenizer's merges stay within words (as GPT-2's and Qwen's do) or may cross
+    /// them, so that the instructions every conversation repeats take a few tokens.
+    #[serde(default)]
+    pub merges: Merges,
     /// Limits of the expert's trees whose conversations make the tokenizer's corpus.
     #[serde(default)]
     pub limits: LimitParams,
     #[serde(default)]
     pub backend: Backend,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Merges {
+    #[default]
+    WithinWords,
+    AcrossWords,
 }
 
 fn vocab_size() -> usize {
@@ -97,7 +109,7 @@ impl TypedStage for TextModelKind {
                 "pad_token": "<|endoftext|>",
                 "chat_template": CHAT_TEMPLATE,
             });
-            let files = TokenizerFiles::train_bpe(&corpus, p.vocab_size, &SPECIAL, config)?;
+            let files = TokenizerFiles::train_bpe(&corpus, p.vocab_size, &SPECIAL, config, p.merges == Merges::AcrossWords)?;
             let tokenizer = TextTokenizer::from_files(files, &|name| format!("the trained {name}"))?;
             let stop = tokenizer.token_id("<|im_end|>").ok_or_else(|| anyhow::anyhow!("the tokenizer lost its <|im_end|>"))?;
             let cfg = ModelConfig {

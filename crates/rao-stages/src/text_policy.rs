@@ -345,6 +345,7 @@ pub struct TextPacedExpert {
     form: Arc<TextForm>,
     space: Arc<str>,
     window: usize,
+    cache: Arc<Mutex<PrefixCache>>,
 }
 
 impl TextPacedExpert {
@@ -362,6 +363,7 @@ impl TextPacedExpert {
             expert,
             policy,
             window,
+            cache: Arc::default(),
         })
     }
 }
@@ -395,8 +397,13 @@ impl rao_agent::Policy for TextPacedExpert {
                 });
                 replies.push(reply);
             }
-            let policy = self.policy.clone();
-            let forced = tokio::task::spawn_blocking(move || policy.force(&reqs, &replies)).await.expect("forced decoding panicked");
+            let (policy, cache) = (self.policy.clone(), self.cache.clone());
+            let forced = tokio::task::spawn_blocking(move || {
+                let mut cache = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                policy.force_cached(&reqs, &replies, &mut cache)
+            })
+            .await
+            .expect("forced decoding panicked");
             rows.into_iter()
                 .zip(actions)
                 .map(|(row, action)| {

@@ -22,6 +22,9 @@ pub struct TokenizerFiles {
     pub chat_template: Option<String>,
 }
 
+/// The longest token (in characters) a BPE whose merges cross words may make.
+const MAX_MERGED_TOKEN: usize = 256;
+
 impl TokenizerFiles {
     /// The files of a checkpoint directory (`tokenizer.json` required).
     pub fn read(dir: &Path) -> anyhow::Result<TokenizerFiles> {
@@ -39,19 +42,32 @@ impl TokenizerFiles {
     /// A byte-level BPE tokenizer (GPT-2's byte alphabet, so any text encodes) of `vocab_size`
     /// ids trained on `corpus` with Hugging Face's trainer, `special` tokens first; `config` is
     /// its `tokenizer_config.json` (special tokens, chat template).
-    pub fn train_bpe(corpus: &[String], vocab_size: usize, special: &[&str], config: Value) -> anyhow::Result<TokenizerFiles> {
+    /// A byte-level BPE of `vocab_size` tokens trained on `corpus`. `across_words` lets merges
+    /// cross spaces and punctuation (SentencePiece's `split_by_whitespace: false`): text that
+    /// recurs whole in the corpus — an environment's instructions, in every conversation —
+    /// becomes a few long tokens instead of one or more per word.
+    pub fn train_bpe(
+        corpus: &[String],
+        vocab_size: usize,
+        special: &[&str],
+        config: Value,
+        across_words: bool,
+    ) -> anyhow::Result<TokenizerFiles> {
         use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
         use tokenizers::pre_tokenizers::byte_level::ByteLevel;
         use tokenizers::{DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper};
         let mut tokenizer =
             tokenizers::TokenizerBuilder::<BPE, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>::new()
                 .with_model(BPE::default())
-                .with_pre_tokenizer(Some(ByteLevel::new(false, true, true).into()))
+                .with_pre_tokenizer(Some(ByteLevel::new(false, true, !across_words).into()))
                 .with_decoder(Some(ByteLevel::default().into()))
                 .build()
                 .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
         let mut trainer = BpeTrainerBuilder::new()
             .vocab_size(vocab_size)
+            // The constraint library's token trie takes tokens of up to 1,024 bytes; words never
+            // come near that, merges across them would (the instructions, whole).
+            .max_token_length(across_words.then_some(MAX_MERGED_TOKEN))
             .show_progress(false)
             .special_tokens(special.iter().map(|s| tokenizers::AddedToken::from(*s, true)).collect())
             .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
