@@ -22,6 +22,22 @@ pub struct TokenizerFiles {
     pub chat_template: Option<String>,
 }
 
+/// GPT-2's split into words, then bytes; or, with `across_words`, single capital letters (with
+/// the space before them) and runs of digits apart — what environments name things with, so a
+/// name is the same tokens wherever it appears — and everything between free to merge.
+fn pre_tokenizer(across_words: bool) -> anyhow::Result<tokenizers::PreTokenizerWrapper> {
+    use tokenizers::SplitDelimiterBehavior::Isolated;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::{digits::Digits, sequence::Sequence, split::Split, split::SplitPattern};
+    Ok(match across_words {
+        false => ByteLevel::new(false, true, true).into(),
+        true => {
+            let letters = Split::new(SplitPattern::Regex(r"\s?\b\p{Lu}\b".into()), Isolated, false).map_err(|e| anyhow::anyhow!("{e}"))?;
+            Sequence::new(vec![letters.into(), Digits::new(false).into(), ByteLevel::new(false, true, false).into()]).into()
+        }
+    })
+}
+
 /// The longest token (in characters) a BPE whose merges cross words may make.
 const MAX_MERGED_TOKEN: usize = 256;
 
@@ -43,9 +59,10 @@ impl TokenizerFiles {
     /// ids trained on `corpus` with Hugging Face's trainer, `special` tokens first; `config` is
     /// its `tokenizer_config.json` (special tokens, chat template).
     /// A byte-level BPE of `vocab_size` tokens trained on `corpus`. `across_words` lets merges
-    /// cross spaces and punctuation (SentencePiece's `split_by_whitespace: false`): text that
-    /// recurs whole in the corpus — an environment's instructions, in every conversation —
-    /// becomes a few long tokens instead of one or more per word.
+    /// cross spaces and punctuation (SentencePiece's `split_by_whitespace: false`), never digits:
+    /// text that recurs whole in the corpus — an environment's instructions, in every
+    /// conversation — becomes a few long tokens instead of one or more per word, while numbers
+    /// (item names, counts) stay tokens of their own, the same wherever they appear.
     pub fn train_bpe(
         corpus: &[String],
         vocab_size: usize,
@@ -59,7 +76,7 @@ impl TokenizerFiles {
         let mut tokenizer =
             tokenizers::TokenizerBuilder::<BPE, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>::new()
                 .with_model(BPE::default())
-                .with_pre_tokenizer(Some(ByteLevel::new(false, true, !across_words).into()))
+                .with_pre_tokenizer(Some(pre_tokenizer(across_words)?))
                 .with_decoder(Some(ByteLevel::default().into()))
                 .build()
                 .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
