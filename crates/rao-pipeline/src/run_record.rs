@@ -1,5 +1,6 @@
-//! Run records: `runs/<pipeline>/<run>.json`, written when a run starts, every half minute while
-//! it goes (a heartbeat) and when it ends. A run killed with `kill -9` cannot write its end; the
+//! Run records: `runs/<pipeline>/<run>.json`, written before a run starts its first instance,
+//! every half minute while it goes (a heartbeat) and when it ends; a run that only finds cached
+//! results writes it once, at its end. A run killed with `kill -9` cannot write its end; the
 //! next run of the pipeline (or `rao gc`) finds its marker under `active/`, sees the heartbeat
 //! stop or the process gone, and records it as interrupted.
 
@@ -73,6 +74,9 @@ pub struct RunRecord {
     pub executor: String,
     /// `--set` overrides as given, with the values of secret-looking keys redacted.
     pub overrides: Vec<String>,
+    /// The pipeline as resolved; written redacted (`secrets::Redacted`), so a record read back
+    /// holds the redacted values.
+    #[serde(serialize_with = "crate::secrets::serialize_redacted")]
     pub resolved: serde_json::Value,
     /// What `RunOptions::code_version` said (reports show which code measured what).
     #[serde(default)]

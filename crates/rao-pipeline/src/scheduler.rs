@@ -116,6 +116,8 @@ struct Scheduler {
     /// Handed to every job: cancelled on Ctrl-C.
     cancel: CancellationToken,
     last_heartbeat: f64,
+    /// Whether the record and the `active/` marker are in the store yet (see `put_on_record`).
+    on_record: bool,
 }
 
 impl Scheduler {
@@ -160,7 +162,7 @@ impl Scheduler {
             store: store.url().to_string(),
             executor: executor.name().to_string(),
             overrides: run_record::redact_overrides(&c.overrides),
-            resolved: crate::secrets::redact_value(&c.resolved),
+            resolved: c.resolved.clone(),
             code_version: opts.code_version.clone(),
             host: crate::lease::host_name(),
             pid: std::process::id(),
@@ -206,6 +208,7 @@ impl Scheduler {
             cancelled: false,
             cancel: CancellationToken::new(),
             last_heartbeat: now,
+            on_record: false,
             record,
             t0: Instant::now(),
             c,
@@ -219,13 +222,21 @@ impl Scheduler {
         self.opts.reporter.emit(e)
     }
 
-    /// Writing the run record is bookkeeping: a store that refuses it (read-only, full) costs a
-    /// warning, not the run.
-    async fn save_record(&mut self) {
+    /// Write the run record with a fresh heartbeat; at the end also as `latest.json` (the same
+    /// bytes, serialised once). Writing it is bookkeeping: a store that refuses it (read-only,
+    /// full) costs a warning, not the run.
+    async fn save_record(&mut self, latest_too: bool) {
         self.record.heartbeat_at = now_secs();
         self.last_heartbeat = self.record.heartbeat_at;
-        if let Err(e) = self.store.put_json(&self.record.key(), &self.record).await {
-            self.emit(Event::Warning { message: format!("cannot write the run record: {e}") });
+        let bytes = bytes::Bytes::from(serde_json::to_vec_pretty(&self.record).expect("a run record serialises"));
+        let mut keys = vec![self.record.key()];
+        if latest_too {
+            keys.push(format!("runs/{}/latest.json", self.c.name));
+        }
+        for key in keys {
+            if let Err(e) = self.store.put(&key, bytes.clone()).await {
+                self.emit(Event::Warning { message: format!("cannot write the run record: {e}") });
+            }
         }
     }
 
@@ -239,11 +250,6 @@ impl Scheduler {
             Err(e) => self.emit(Event::Warning { message: format!("cannot check earlier runs: {e}") }),
         }
         crate::maintenance::remove_dead_staging(&self.store);
-        self.save_record().await;
-        let marker = run_record::active_key(&self.c.name, &self.record.run_id);
-        if let Err(e) = self.store.put(&marker, bytes::Bytes::new()).await {
-            self.emit(Event::Warning { message: format!("cannot mark the run active: {e}") });
-        }
         let mut stages = BTreeMap::new();
         for inst in &self.c.instances {
             *stages.entry(crate::events::stage_of(&inst.name).to_string()).or_default() += 1;
@@ -256,6 +262,20 @@ impl Scheduler {
             store: self.store.url().to_string(),
         });
         Ok(())
+    }
+
+    /// Put the run on record — its record and its `active/` marker, by which a later run tells
+    /// that this one was killed — before its first instance starts, or at its first heartbeat.
+    /// A run that only finds cached results writes its record once, at its end.
+    async fn put_on_record(&mut self) {
+        if std::mem::replace(&mut self.on_record, true) {
+            return;
+        }
+        self.save_record(false).await;
+        let marker = run_record::active_key(&self.c.name, &self.record.run_id);
+        if let Err(e) = self.store.put(&marker, bytes::Bytes::new()).await {
+            self.emit(Event::Warning { message: format!("cannot mark the run active: {e}") });
+        }
     }
 
     /// Mark instance `i` settled and release its successors.
@@ -359,6 +379,7 @@ impl Scheduler {
                 self.deferred.push(i);
                 continue;
             }
+            self.put_on_record().await;
             self.launch(i, parts, fp, need_cpu, need_gpu);
         }
         Ok(())
@@ -450,7 +471,10 @@ impl Scheduler {
                 }
                 _ = heartbeat.tick() => {
                     if now_secs() - self.last_heartbeat >= run_record::HEARTBEAT_EVERY_S {
-                        self.save_record().await;
+                        match self.on_record {
+                            true => self.save_record(false).await,
+                            false => self.put_on_record().await,
+                        }
                     }
                 }
             }
@@ -526,11 +550,10 @@ impl Scheduler {
             RunStatus::Succeeded
         };
         self.record.finished_at = Some(now_secs());
-        self.save_record().await;
-        if let Err(e) = self.store.put_json(&format!("runs/{}/latest.json", self.c.name), &self.record).await {
-            self.emit(Event::Warning { message: format!("cannot write the run record: {e}") });
+        self.save_record(true).await;
+        if self.on_record {
+            let _ = self.store.delete(&run_record::active_key(&self.c.name, &self.record.run_id)).await;
         }
-        let _ = self.store.delete(&run_record::active_key(&self.c.name, &self.record.run_id)).await;
         self.emit(Event::RunFinished {
             run_id: self.record.run_id.clone(),
             status: self.record.status.as_str().to_string(),

@@ -10,10 +10,22 @@ use serde_json::Value;
 
 /// Names that look like they hold a credential.
 pub fn looks_secret(name: &str) -> bool {
-    let n = name.to_ascii_uppercase();
-    ["TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "APIKEY", "ACCESS_KEY", "PRIVATE_KEY", "AUTH", "SESSION"]
-        .iter()
-        .any(|w| n.contains(w))
+    // Case-insensitive substring search without an upper-cased copy: run records test every key.
+    const WORDS: [&[u8]; 11] = [
+        b"TOKEN",
+        b"SECRET",
+        b"PASSWORD",
+        b"PASSWD",
+        b"CREDENTIAL",
+        b"API_KEY",
+        b"APIKEY",
+        b"ACCESS_KEY",
+        b"PRIVATE_KEY",
+        b"AUTH",
+        b"SESSION",
+    ];
+    let n = name.as_bytes();
+    WORDS.iter().any(|w| n.windows(w.len()).any(|win| win.eq_ignore_ascii_case(w)))
 }
 
 /// `text` with the value of every credential-looking environment variable (at least 4
@@ -61,20 +73,46 @@ fn fill_env_str(s: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// A copy of a resolved pipeline for records: params whose key looks like a credential are
-/// replaced by `<redacted>` (unless they only hold an `${env.…}` placeholder).
-pub fn redact_value(v: &Value) -> Value {
-    match v {
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .map(|(k, x)| {
-                    let keep = !looks_secret(k) || matches!(x, Value::String(s) if s.starts_with("${env.")) || x.is_object() || x.is_null();
-                    (k.clone(), if keep { redact_value(x) } else { Value::String("<redacted>".into()) })
-                })
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(redact_value).collect()),
-        other => other.clone(),
+/// Whether a record keeps the value of `key` (else it writes `<redacted>`): keys that do not look
+/// like credentials, and values that hold no secret (an `${env.…}` placeholder, an object, null).
+fn keeps(key: &str, v: &Value) -> bool {
+    !looks_secret(key) || matches!(v, Value::String(s) if s.starts_with("${env.")) || v.is_object() || v.is_null()
+}
+
+/// Serialises a resolved pipeline for records: params whose key looks like a credential are
+/// written `<redacted>` (unless they only hold an `${env.…}` placeholder). No redacted copy is
+/// made: a run record writes the whole pipeline at the run's start and at its end.
+pub struct Redacted<'a>(pub &'a Value);
+
+/// `#[serde(serialize_with)]` for a value written as [`Redacted`].
+pub fn serialize_redacted<S: serde::Serializer>(v: &Value, s: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&Redacted(v), s)
+}
+
+impl serde::Serialize for Redacted<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self.0 {
+            Value::Object(o) => {
+                let mut m = s.serialize_map(Some(o.len()))?;
+                for (k, x) in o {
+                    if keeps(k, x) {
+                        m.serialize_entry(k, &Redacted(x))?;
+                    } else {
+                        m.serialize_entry(k, "<redacted>")?;
+                    }
+                }
+                m.end()
+            }
+            Value::Array(a) => {
+                let mut q = s.serialize_seq(Some(a.len()))?;
+                for x in a {
+                    q.serialize_element(&Redacted(x))?;
+                }
+                q.end()
+            }
+            other => other.serialize(s),
+        }
     }
 }
 
@@ -95,9 +133,11 @@ mod tests {
     #[test]
     fn secret_keys_are_redacted_in_records() {
         let v = serde_json::json!({"params": {"api_key": "k-1", "hf_token": "${env.HF_TOKEN}", "lr": 0.1}});
-        let r = redact_value(&v);
+        let r = serde_json::to_value(Redacted(&v)).unwrap();
         assert_eq!(r["params"]["api_key"], "<redacted>");
         assert_eq!(r["params"]["hf_token"], "${env.HF_TOKEN}");
         assert_eq!(r["params"]["lr"], 0.1);
+        assert_eq!(serde_json::to_value(Redacted(&r)).unwrap(), r, "what was redacted stays as it is");
+        assert!(looks_secret("hf_Token") && looks_secret("x-api_key") && !looks_secret("tok") && !looks_secret("lr"));
     }
 }
