@@ -323,11 +323,18 @@ mod local {
         let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"));
         };
-        std::fs::create_dir_all(parent)?;
         let name = name.to_string_lossy();
         let tmp = parent.join(format!(".{name}{TEMP_MARK}{}.{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
         let written = (|| {
-            let mut f = std::fs::File::create(&tmp)?;
+            // The folder is made only when missing: most writes go to one that exists (a mkdir
+            // and a stat fewer each).
+            let mut f = match std::fs::File::create(&tmp) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    std::fs::create_dir_all(parent)?;
+                    std::fs::File::create(&tmp)?
+                }
+                f => f?,
+            };
             f.write_all(bytes)?;
             f.flush()
         })();
