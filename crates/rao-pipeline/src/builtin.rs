@@ -86,7 +86,8 @@ fn env_name(prefix: &str, name: &str) -> String {
 async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
     let p: ShellParams = ctx.params_as()?;
     let mut command = p.command.clone();
-    let mut cmd = tokio::process::Command::new("sh");
+    let sh = if p.env.contains_key("PATH") { Path::new("sh") } else { crate::local_file::shell() };
+    let mut cmd = tokio::process::Command::new(sh);
     for (name, artifacts) in &ctx.inputs {
         let mut dirs = Vec::new();
         for a in artifacts {

@@ -14,3 +14,23 @@ pub fn hash_regular(path: &Path) -> Result<(u64, blake3::Hash), String> {
     h.update_reader(file).map_err(|e| format!("cannot be read: {e}"))?;
     Ok((h.count(), h.finalize()))
 }
+
+/// `sh` as a spawn by name would find it on this process's `PATH`, looked up once: spawning by
+/// name tries every `PATH` entry before it, one failing `execve` each, at every shell stage.
+#[cfg(unix)]
+pub fn shell() -> &'static Path {
+    use std::os::unix::fs::PermissionsExt;
+    static SH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    SH.get_or_init(|| {
+        let runnable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        // A relative entry would be looked up from the stage's folder: left to the spawn.
+        let first = std::env::split_paths(&path).take_while(|dir| dir.is_absolute()).map(|dir| dir.join("sh")).find(|p| runnable(p));
+        first.unwrap_or_else(|| "sh".into())
+    })
+}
+
+#[cfg(not(unix))]
+pub fn shell() -> &'static Path {
+    Path::new("sh")
+}
