@@ -127,40 +127,44 @@ fn short(v: &Value) -> String {
     if s.chars().count() > 40 { format!("{}…", s.chars().take(40).collect::<String>()) } else { s }
 }
 
-/// JSON with object keys sorted at every level: the same value always hashes the same.
+/// JSON with object keys sorted at every level: the same value always hashes the same. Written
+/// straight into one buffer (the fingerprint of every instance is hashed over it).
 pub fn canonical(v: &Value) -> String {
-    fn write(v: &Value, out: &mut String) {
+    fn json(x: &(impl Serialize + ?Sized), out: &mut Vec<u8>) {
+        serde_json::to_writer(out, x).expect("JSON into memory cannot fail");
+    }
+    fn write(v: &Value, out: &mut Vec<u8>) {
         match v {
             Value::Object(o) => {
-                let mut keys: Vec<&String> = o.keys().collect();
-                keys.sort();
-                out.push('{');
-                for (i, k) in keys.iter().enumerate() {
+                let mut entries: Vec<(&String, &Value)> = o.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                out.push(b'{');
+                for (i, (k, x)) in entries.into_iter().enumerate() {
                     if i > 0 {
-                        out.push(',');
+                        out.push(b',');
                     }
-                    out.push_str(&Value::String((*k).clone()).to_string());
-                    out.push(':');
-                    write(&o[*k], out);
+                    json(k.as_str(), out);
+                    out.push(b':');
+                    write(x, out);
                 }
-                out.push('}');
+                out.push(b'}');
             }
             Value::Array(a) => {
-                out.push('[');
+                out.push(b'[');
                 for (i, x) in a.iter().enumerate() {
                     if i > 0 {
-                        out.push(',');
+                        out.push(b',');
                     }
                     write(x, out);
                 }
-                out.push(']');
+                out.push(b']');
             }
-            other => out.push_str(&other.to_string()),
+            other => json(other, out),
         }
     }
-    let mut s = String::new();
-    write(v, &mut s);
-    s
+    let mut out = Vec::new();
+    write(v, &mut out);
+    String::from_utf8(out).expect("serde_json writes UTF-8")
 }
 
 impl Compiled {
@@ -205,5 +209,16 @@ impl Compiled {
             }
         }
         Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_level_and_escapes_as_serde_json_does() {
+        let v = serde_json::json!({"b": [1, "x\"y\n", {"z": true, "y": 2.5e-7}], "a": {"d": null, "c": -1.5}, "é": "ü"});
+        assert_eq!(canonical(&v), r#"{"a":{"c":-1.5,"d":null},"b":[1,"x\"y\n",{"y":2.5e-7,"z":true}],"é":"ü"}"#);
     }
 }
