@@ -110,7 +110,8 @@ async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
         .env("RAO_INSTANCE", &ctx.instance)
         .envs(&p.env)
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
+        // What a command prints is not kept (only the tail of its stderr, for a failure).
+        .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         // A timeout or Ctrl-C drops this future: the child must not outlive it.
         .kill_on_drop(true);
