@@ -180,7 +180,7 @@ impl Store {
     pub async fn get(&self, key: &str) -> StoreResult<Bytes> {
         // A local store is read directly: object_store hops to a blocking thread per read, which
         // dominates a fully cached run of many small stages.
-        if let Some(path) = self.local_path(key) {
+        if let Some(path) = self.plain_local_path(key) {
             return std::fs::read(&path).map(Bytes::from).map_err(|e| StoreError::io(key, &path, e));
         }
         let map = |e| StoreError::object(key, e);
@@ -246,7 +246,7 @@ impl Store {
 
     /// Delete every object under `prefix` (a local store removes the folder itself).
     pub async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
-        if let Some(path) = self.local_path(prefix.trim_end_matches('/')) {
+        if let Some(path) = self.plain_local_path(prefix.trim_end_matches('/')) {
             return match std::fs::remove_dir_all(&path) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -411,5 +411,21 @@ mod tests {
             let _ = store.put("../escaped", Bytes::from_static(b"x")).await;
             assert!(!dir.path().parent().unwrap().join("escaped").exists());
         });
+    }
+
+    #[test]
+    fn reads_and_deletes_of_keys_that_leave_the_root_never_touch_the_file_system() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(outside.path().join("victim")).unwrap();
+        std::fs::write(outside.path().join("victim/secret"), b"s").unwrap();
+        let root = outside.path().join("store");
+        std::fs::create_dir(&root).unwrap();
+        let store = Store::open(root.to_str().unwrap(), &root).unwrap();
+        block(async {
+            assert!(store.get("../victim/secret").await.is_err(), "a read outside the root");
+            let _ = store.delete_prefix("../victim/").await;
+            let _ = store.delete_prefix("../victim").await;
+        });
+        assert!(outside.path().join("victim/secret").exists(), "a delete outside the root");
     }
 }
