@@ -39,6 +39,10 @@ pub struct ModelShape {
 #[serde(deny_unknown_fields)]
 pub struct TextModelParams {
     pub model: ModelShape,
+    /// The rotary base: Qwen3's own 1,000,000 suits its 128-wide heads over long contexts; a
+    /// small model's narrow heads see positions a few hundred tokens apart better with 10,000.
+    #[serde(default = "rope_theta")]
+    pub rope_theta: f64,
     /// Tokens of the BPE vocabulary (its three special tokens included).
     #[serde(default = "vocab_size")]
     pub vocab_size: usize,
@@ -59,6 +63,10 @@ pub enum Merges {
     #[default]
     WithinWords,
     AcrossWords,
+}
+
+fn rope_theta() -> f64 {
+    1e6
 }
 
 fn vocab_size() -> usize {
@@ -121,7 +129,7 @@ impl TypedStage for TextModelKind {
                 n_kv_heads: p.model.n_kv_heads,
                 qk_norm: true,
                 norm_eps: 1e-6,
-                rope_theta: 1e6,
+                rope_theta: p.rope_theta,
                 ..ModelConfig::tiny()
             };
             let mut policy = Policy::new(cfg, p.backend, ctx.seed)?;

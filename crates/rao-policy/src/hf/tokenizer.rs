@@ -22,18 +22,20 @@ pub struct TokenizerFiles {
     pub chat_template: Option<String>,
 }
 
-/// GPT-2's split into words, then bytes; or, with `across_words`, single capital letters (with
-/// the space before them) and runs of digits apart — what environments name things with, so a
-/// name is the same tokens wherever it appears — and everything between free to merge.
+/// GPT-2's split into words, then bytes; or, with `across_words`, single capital letters and
+/// words that end in digits (`t3`, `12`; with the space before them) kept apart — what
+/// environments name things with, so a name is the same tokens wherever it appears — and
+/// everything between free to merge.
 fn pre_tokenizer(across_words: bool) -> anyhow::Result<tokenizers::PreTokenizerWrapper> {
     use tokenizers::SplitDelimiterBehavior::Isolated;
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-    use tokenizers::pre_tokenizers::{digits::Digits, sequence::Sequence, split::Split, split::SplitPattern};
+    use tokenizers::pre_tokenizers::{sequence::Sequence, split::Split, split::SplitPattern};
     Ok(match across_words {
         false => ByteLevel::new(false, true, true).into(),
         true => {
-            let letters = Split::new(SplitPattern::Regex(r"\s?\b\p{Lu}\b".into()), Isolated, false).map_err(|e| anyhow::anyhow!("{e}"))?;
-            Sequence::new(vec![letters.into(), Digits::new(false).into(), ByteLevel::new(false, true, false).into()]).into()
+            let names = Split::new(SplitPattern::Regex(r"\s?\b\p{Lu}\b|\s?\p{Ll}*\d+".into()), Isolated, false)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            Sequence::new(vec![names.into(), ByteLevel::new(false, true, false).into()]).into()
         }
     })
 }
