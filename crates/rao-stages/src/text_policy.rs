@@ -248,20 +248,14 @@ impl rao_agent::Policy for TextPolicy {
                     note_failure(&e);
                     Vec::new()
                 });
-                let used = r.model_context.len() + feed.len();
-                if feed.is_empty() || used >= self.window {
+                let Some(req) = sample_request(r, &feed, self.window, rec) else {
                     fed.push(Vec::new());
                     rows.push(None);
                     continue;
-                }
+                };
                 rows.push(Some(reqs.len()));
                 shared.push(if r.model_context.is_empty() { self.form.system_prefix(&r.context, &feed) } else { 0 });
-                reqs.push(SampleRequest {
-                    context: [r.model_context.as_slice(), &feed].concat(),
-                    max_new_tokens: self.window - used,
-                    seed: r.seed,
-                    recursive: r.context.get(1) == Some(&rec),
-                });
+                reqs.push(req);
                 fed.push(feed);
             }
             let (policy, grammar, temperature, cache) = (self.policy.clone(), self.grammar.clone(), self.temperature, self.cache.clone());
@@ -330,6 +324,18 @@ impl TextPolicy {
     }
 }
 
+/// What the model is asked for a node: its tokens so far and `fed`, with what is left of the
+/// window for the reply; `None` when nothing is fed or the window is already full (an overflow).
+fn sample_request(r: &Request, fed: &[u32], window: usize, rec: Tok) -> Option<SampleRequest> {
+    let used = r.model_context.len() + fed.len();
+    (!fed.is_empty() && used < window).then(|| SampleRequest {
+        context: [r.model_context.as_slice(), fed].concat(),
+        max_new_tokens: window - used,
+        seed: r.seed,
+        recursive: r.context.get(1) == Some(&rec),
+    })
+}
+
 fn note_failure(e: &anyhow::Error) {
     static SHOWN: std::sync::Once = std::sync::Once::new();
     SHOWN.call_once(|| eprintln!("policy: text: {e:#} (the node ends; further failures are not shown)"));
@@ -383,18 +389,12 @@ impl rao_agent::Policy for TextPacedExpert {
                     rows.push(None);
                     continue;
                 };
-                let used = r.model_context.len() + fed.len();
-                if used >= self.window {
+                let Some(req) = sample_request(r, &fed, self.window, rec) else {
                     rows.push(None);
                     continue;
-                }
+                };
                 rows.push(Some((reqs.len(), fed.clone())));
-                reqs.push(SampleRequest {
-                    context: [r.model_context.as_slice(), &fed].concat(),
-                    max_new_tokens: self.window - used,
-                    seed: r.seed,
-                    recursive: r.context.get(1) == Some(&rec),
-                });
+                reqs.push(req);
                 replies.push(reply);
             }
             let (policy, cache) = (self.policy.clone(), self.cache.clone());
