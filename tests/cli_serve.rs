@@ -39,6 +39,14 @@ stages:
     params: {temperature: 0, modes: [recursive, flat], limits: "${params.limits}"}
 "#;
 
+/// An evaluation that samples (temperature 1), in process; the same instance name through the
+/// server in another file gets the same seeds.
+const SAMPLED: &str = r#"  evaluate_sampled:
+    kind: evaluate
+    inputs: {tasks: eval_tasks.tasks, checkpoint: warmstart.checkpoint}
+    params: {temperature: 1, modes: [recursive], limits: "${params.limits}"}
+"#;
+
 struct Server(Child);
 
 impl Drop for Server {
@@ -64,7 +72,7 @@ fn trees(dir: &Path, pipeline: &str, instance: &str) -> Vec<rao_core::NodeRecord
 #[test]
 fn an_evaluation_through_rao_serve_equals_the_in_process_one() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("p.yaml"), BASE).unwrap();
+    std::fs::write(dir.path().join("p.yaml"), format!("{BASE}{SAMPLED}")).unwrap();
     let o = rao(&["run", "p.yaml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
 
@@ -112,6 +120,38 @@ fn an_evaluation_through_rao_serve_equals_the_in_process_one() {
         assert_eq!(turns(w), turns(g), "task {} node {}", w.task_id, w.node_id);
         assert_eq!(w.score, g.score);
     }
+
+    // Sampled through the server: the same actions, and each reply's log-probs (the server's,
+    // stop token included) sum to the in-process behaviour log-probs of that action.
+    let sampled = format!(
+        "{BASE}  evaluate_sampled:
+    kind: evaluate
+    inputs: {{tasks: eval_tasks.tasks}}
+    params:
+      policy: openai
+      openai: {{base_url: \"http://{addr}/v1\", model: served, cache_dir: .rao/chat-cache, retries: 0}}
+      temperature: 1
+      modes: [recursive]
+      limits: \"${{params.limits}}\"
+"
+    );
+    std::fs::write(dir.path().join("r.yaml"), sampled).unwrap();
+    let o = rao(&["run", "r.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let (want, got) = (trees(dir.path(), "p.yaml", "evaluate_sampled"), trees(dir.path(), "r.yaml", "evaluate_sampled"));
+    assert_eq!(want.len(), got.len());
+    let mut sampled_turns = 0;
+    for (w, g) in want.iter().zip(&got) {
+        assert_eq!(w.turns.len(), g.turns.len(), "task {} node {}", w.task_id, w.node_id);
+        for (tw, tg) in w.turns.iter().zip(&g.turns) {
+            assert_eq!(tw.completion_ids, tg.completion_ids, "task {} node {}: the same sample", w.task_id, w.node_id);
+            let (lw, lg) = (tw.logprobs.iter().sum::<f32>(), tg.logprobs.iter().sum::<f32>());
+            assert!((lw - lg).abs() < 1e-4, "task {} node {}: log-prob {lg} through the server, {lw} in process", w.task_id, w.node_id);
+            assert!(tg.logprobs.iter().skip(1).all(|&l| l == 0.0), "the reply's log-prob is on its first token");
+            sampled_turns += usize::from(lw < -1e-3);
+        }
+    }
+    assert!(sampled_turns > 0, "some actions were not certain, so the log-probs are checked");
 
     // The official client: the model list, and a conversation rao would never show refused with
     // the reason.

@@ -274,6 +274,33 @@ impl Checker<'_, '_> {
                 }
             }
         }
+        for st in &l.body {
+            if let Some(n) = &st.spec.every
+                && n.value == 0
+            {
+                self.err(n.pos, "`every` must be at least 1", "e.g. `every: 10`: iterations 10, 20, … and the last");
+            }
+        }
+        let sparse = |stage: &str| l.body_stage(stage).and_then(|s| s.sparse());
+        let every_help = "a stage with `every` skips iterations: read it from nothing in the loop (it is for evaluations and reports)";
+        for c in &l.carry {
+            if let Some(n) = sparse(&c.stage) {
+                self.err(c.pos, format!("carry `{}` reads `{}`, which runs only every {n} iterations", c.var.value, c.stage), every_help);
+            }
+        }
+        if let Some(stop) = &l.stop
+            && let Some(n) = sparse(&stop.stage)
+            && let Some(w) = &spec.stop_when
+        {
+            self.err(w.metric.pos, format!("the stop metric's stage `{}` runs only every {n} iterations", stop.stage), every_help);
+        }
+        for st in &l.body {
+            for r in st.inputs.iter().flat_map(|i| &i.refs) {
+                if let Some(n) = sparse(&r.stage) {
+                    self.err(r.pos, format!("`{}` reads `{}.{}`, which runs only every {n} iterations", st.name.value, r.stage, r.output), every_help);
+                }
+            }
+        }
         if let Some(stop) = &spec.stop_when
             && stop.above.is_none()
             && stop.below.is_none()

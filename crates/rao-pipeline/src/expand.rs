@@ -81,6 +81,10 @@ impl<'l, 'a> Expander<'l, 'a> {
             let mut this_iter: BTreeMap<String, Vec<usize>> = BTreeMap::new();
             for &bi in &body_order {
                 let Some(st) = l.body_stage(&body_spec.entries[bi].0.value) else { continue };
+                if !st.runs_in(k, max_iterations) {
+                    this_iter.insert(st.name.value.clone(), vec![]);
+                    continue;
+                }
                 let ctx = LoopCtx { loop_idx, iteration: k, lp: l, body: &this_iter };
                 let idx = self.expand_stage(st, Some(&ctx));
                 per_stage.entry(st.name.value.clone()).or_default().extend(&idx);

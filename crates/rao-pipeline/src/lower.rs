@@ -46,6 +46,19 @@ pub struct Stage<'a> {
 }
 
 impl Stage<'_> {
+    /// Whether this stage has an instance in `iteration` of a loop of `max_iterations` (`every`).
+    pub fn runs_in(&self, iteration: u32, max_iterations: u32) -> bool {
+        match &self.spec.every {
+            Some(n) => n.value > 0 && (iteration % n.value == 0 || iteration == max_iterations),
+            None => true,
+        }
+    }
+
+    /// `every: N` when set: nothing else in the body can depend on it.
+    pub fn sparse(&self) -> Option<u32> {
+        self.spec.every.as_ref().map(|n| n.value)
+    }
+
     /// Output names this stage offers (fixed by its kind, or listed under `outputs:`).
     pub fn outputs(&self) -> Vec<String> {
         match self.kind.outputs() {
@@ -125,7 +138,15 @@ pub fn lower<'a>(spec: &'a PipelineFile, registry: &Registry, diags: &mut Vec<Di
     for (name, s) in spec.stages.iter() {
         let entry = match &s.loop_ {
             Some(l) => lower_loop(name, s, l, registry, diags).map(Entry::Loop),
-            None => lower_stage(name, s, registry, diags).map(Entry::Stage),
+            None => {
+                if let Some(every) = &s.every {
+                    diags.push(
+                        Diagnostic::new(every.pos, format!("stage `{}`: `every` is for stages of a loop's body", name.value))
+                            .help("remove `every`, or move the stage into a loop's `stages:`"),
+                    );
+                }
+                lower_stage(name, s, registry, diags).map(Entry::Stage)
+            }
         };
         match entry {
             Some(e) => {
@@ -195,7 +216,7 @@ fn lower_loop<'a>(
                 .help("a loop's stages go under its `stages:` key; remove `kind`"),
         );
     }
-    if !(s.params.is_empty() && s.inputs.is_empty() && s.outputs.is_empty() && s.matrix.is_empty()) {
+    if !(s.params.is_empty() && s.inputs.is_empty() && s.outputs.is_empty() && s.matrix.is_empty() && s.every.is_none()) {
         diags.push(
             Diagnostic::new(name.pos, format!("loop `{}` takes only `loop` and `stages`", name.value))
                 .help("put params, inputs and outputs on the stages of its body"),

@@ -257,6 +257,10 @@ pub struct StageSpec {
     /// Fan the stage out over values: one instance per combination, e.g. `{band: [easy, hard]}`.
     #[serde(default)]
     pub matrix: OrderedMap<Sp<Vec<Value>>>,
+    /// In a loop body: run only on iterations N, 2N, … and the loop's last (`max_iterations`),
+    /// e.g. a held-out evaluation every 10 iterations. No body stage, carry or stop may read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<Sp<u32>>,
     /// Makes this entry a loop: its `stages` run once per iteration.
     #[serde(rename = "loop", default, skip_serializing_if = "Option::is_none")]
     pub loop_: Option<LoopSpec>,

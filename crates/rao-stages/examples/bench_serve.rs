@@ -65,6 +65,7 @@ async fn main() {
             timeout_s: 60.0,
             retries: 0,
             concurrency: 16,
+            logprobs: true,
             // A fresh cache each round: every request reaches the server.
             cache_dir: cache.path().join(round.to_string()).display().to_string(),
         };

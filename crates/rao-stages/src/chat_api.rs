@@ -28,6 +28,10 @@ pub struct ChatEndpoint {
     /// Requests in flight at once.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
+    /// Ask for the log-prob of each generated token (`policy: openai` records them; the judge
+    /// does not ask). Set `false` for a server that refuses the field.
+    #[serde(default = "default_logprobs")]
+    pub logprobs: bool,
     /// Answer cache directory (relative to the pipeline file).
     #[serde(default = "default_cache")]
     pub cache_dir: String,
@@ -45,8 +49,48 @@ fn default_retries() -> u32 {
 fn default_concurrency() -> usize {
     4
 }
+fn default_logprobs() -> bool {
+    true
+}
 fn default_cache() -> String {
     ".rao/chat-cache".into()
+}
+
+/// An endpoint's answer: the first choice's content and, when the server returned them, the
+/// log-prob of each token it generated (`choices[0].logprobs.content`, in its own tokens).
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, Deserialize)]
+pub struct Answer {
+    /// (`answer`: how caches before log-probs wrote it.)
+    #[serde(alias = "answer")]
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_logprobs: Option<Vec<TokenLogprob>>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+}
+
+impl Answer {
+    /// The answer of a parsed reply body, or what is missing from it. Log-probs that are absent,
+    /// null or malformed are left out (a server need not return them); a non-finite or positive
+    /// one makes the whole list unusable.
+    fn of_reply(v: &Value) -> Option<Answer> {
+        let choice = &v["choices"][0];
+        let text = choice["message"]["content"].as_str()?.to_string();
+        let token_logprobs = choice["logprobs"]["content"].as_array().and_then(|tokens| {
+            tokens
+                .iter()
+                .map(|t| {
+                    let logprob = t["logprob"].as_f64().filter(|l| l.is_finite() && *l <= 0.0)? as f32;
+                    Some(TokenLogprob { token: t["token"].as_str()?.to_string(), logprob })
+                })
+                .collect::<Option<Vec<_>>>()
+        });
+        Some(Answer { text, token_logprobs })
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -87,17 +131,22 @@ impl ChatApi {
 
     /// The first choice's message content for `body` (`model` is filled in). `accept` says
     /// whether an answer is usable: an unusable one is an error and is not cached.
-    pub async fn complete(&self, mut body: Value, accept: impl Fn(&str) -> bool) -> anyhow::Result<String> {
+    pub async fn complete(&self, body: Value, accept: impl Fn(&str) -> bool) -> anyhow::Result<String> {
+        Ok(self.answer(body, accept).await?.text)
+    }
+
+    /// As `complete`, with the token log-probs when the server returned them (ask for them with
+    /// `"logprobs": true` in `body`).
+    pub async fn answer(&self, mut body: Value, accept: impl Fn(&str) -> bool) -> anyhow::Result<Answer> {
         body["model"] = Value::String(self.endpoint.model.clone());
         let hash = blake3::hash(body.to_string().as_bytes()).to_hex().to_string();
         let cached = self.cache.join(format!("{hash}.json"));
         if let Ok(text) = std::fs::read_to_string(&cached)
-            && let Ok(v) = serde_json::from_str::<Value>(&text)
-            && let Some(answer) = v["answer"].as_str()
-            && accept(answer)
+            && let Ok(answer) = serde_json::from_str::<Answer>(&text)
+            && accept(&answer.text)
         {
             self.stats.lock().unwrap().cache_hits += 1;
-            return Ok(answer.to_string());
+            return Ok(answer);
         }
         let _permit = self.permits.acquire().await.expect("the semaphore is never closed");
         let url = format!("{}/chat/completions", self.endpoint.base_url.trim_end_matches('/'));
@@ -120,15 +169,15 @@ impl ChatApi {
                             continue;
                         }
                     };
-                    let Some(text) = v["choices"][0]["message"]["content"].as_str() else {
+                    let Some(answer) = Answer::of_reply(&v) else {
                         last_err = "the answer has no choices[0].message.content".into();
                         continue;
                     };
-                    anyhow::ensure!(accept(text), "{url} answered something unusable: {text:.200}");
+                    anyhow::ensure!(accept(&answer.text), "{url} answered something unusable: {:.200}", answer.text);
                     let tmp = cached.with_extension("tmp");
-                    std::fs::write(&tmp, serde_json::json!({ "answer": text }).to_string())?;
+                    std::fs::write(&tmp, serde_json::to_string(&answer)?)?;
                     std::fs::rename(&tmp, &cached)?;
-                    return Ok(text.to_string());
+                    return Ok(answer);
                 }
                 Ok(resp) if resp.status().is_server_error() || resp.status().as_u16() == 429 => {
                     last_err = format!("HTTP {}", resp.status())

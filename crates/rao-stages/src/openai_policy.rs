@@ -5,9 +5,13 @@
 //! messages, temperature, seed), so a rerun with the same seed sends nothing and gives the same
 //! trees.
 //!
-//! What the trees hold: the action's environment tokens (the reply parsed), with log-prob 0 —
-//! the endpoint's own tokens and log-probs are not recorded, so these trees serve evaluation and
-//! demonstrations, not a policy-gradient update of that model. A reply that is not an action of
+//! What the trees hold: the action's environment tokens (the reply parsed). When the server returns
+//! token log-probs (asked for unless the block says `logprobs: false`), the reply's log-prob —
+//! the sum over every token the server generated, wrapping included — is recorded on the action's
+//! first token and 0 on the rest, so a turn's log-probs sum to what the model gave its reply;
+//! without them every log-prob is 0. The endpoint's own token ids are not recorded: these trees
+//! serve evaluation, analysis and demonstrations, not a policy-gradient update of that model. A
+//! reply that is not an action of
 //! the environment, and a request that fails after its retries, become an empty action, which the
 //! environment answers with `err syntax`: the node goes on, and the run never fails for it.
 
@@ -34,11 +38,13 @@ pub struct OpenAiPolicy {
     /// Replies that were not an action, and requests that failed after their retries.
     pub unusable: AtomicUsize,
     pub failed: AtomicUsize,
+    /// Replies whose token log-probs came back (and are recorded).
+    pub with_logprobs: AtomicUsize,
 }
 
 impl OpenAiPolicy {
     pub fn new(api: Arc<ChatApi>, text_form: Arc<dyn Episode>, temperature: f64) -> Self {
-        OpenAiPolicy { api, text_form, temperature, unusable: AtomicUsize::new(0), failed: AtomicUsize::new(0) }
+        OpenAiPolicy { api, text_form, temperature, unusable: AtomicUsize::new(0), failed: AtomicUsize::new(0), with_logprobs: AtomicUsize::new(0) }
     }
 
     async fn act_one(&self, r: Request) -> Response {
@@ -50,25 +56,39 @@ impl OpenAiPolicy {
             self.unusable.fetch_add(1, Ordering::Relaxed);
             return finish_action(vec![], r.max_new_tokens, 0.0);
         };
-        let body = json!({
+        let mut body = json!({
             "messages": messages,
             "temperature": self.temperature,
             "max_tokens": MAX_REPLY_TOKENS,
             // Honoured by vLLM, SGLang, llama.cpp and OpenAI; part of the cache key either way.
             "seed": r.seed,
         });
-        let action = match self.api.complete(body, |_| true).await {
-            Ok(reply) => parse_reply(self.text_form.vocab(), &reply).unwrap_or_else(|_| {
-                self.unusable.fetch_add(1, Ordering::Relaxed);
-                vec![]
-            }),
+        if self.api.endpoint.logprobs {
+            body["logprobs"] = json!(true);
+        }
+        let (action, logprob) = match self.api.answer(body, |_| true).await {
+            Ok(answer) => {
+                let action = parse_reply(self.text_form.vocab(), &answer.text).unwrap_or_else(|_| {
+                    self.unusable.fetch_add(1, Ordering::Relaxed);
+                    vec![]
+                });
+                let logprob = answer.token_logprobs.map(|tokens| {
+                    self.with_logprobs.fetch_add(1, Ordering::Relaxed);
+                    tokens.iter().map(|t| t.logprob).sum::<f32>()
+                });
+                (action, logprob)
+            }
             Err(e) => {
                 note_failure(&e);
                 self.failed.fetch_add(1, Ordering::Relaxed);
-                vec![]
+                (vec![], None)
             }
         };
-        finish_action(action, r.max_new_tokens, 0.0)
+        let mut response = finish_action(action, r.max_new_tokens, 0.0);
+        if let (Some(logprob), Some(first)) = (logprob, response.logprobs.first_mut()) {
+            *first = logprob;
+        }
+        response
     }
 }
 
@@ -91,6 +111,7 @@ impl rao_agent::Policy for OpenAiPolicy {
             ("openai_cache_hits", stats.cache_hits as f64),
             ("openai_unusable_replies", self.unusable.load(Ordering::Relaxed) as f64),
             ("openai_failed_requests", self.failed.load(Ordering::Relaxed) as f64),
+            ("openai_replies_with_logprobs", self.with_logprobs.load(Ordering::Relaxed) as f64),
         ]
     }
 }

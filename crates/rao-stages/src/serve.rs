@@ -109,6 +109,10 @@ impl Served {
         };
         let response = response.unwrap_or_default();
         let completion_tokens = response.model.as_ref().map_or(response.tokens.len(), |m| m.sampled.len());
+        let logprobs = match body.get("logprobs") {
+            Some(Value::Bool(true)) => self.token_logprobs(&response),
+            _ => Value::Null,
+        };
         self.completion_tokens.fetch_add(completion_tokens, Ordering::Relaxed);
         let mut tokens = response.tokens;
         let finish_reason = if tokens.last() == Some(&EOS) { "stop" } else { "length" };
@@ -120,9 +124,24 @@ impl Served {
                 "index": 0,
                 "message": {"role": "assistant", "content": words(self.set.vocab(), &tokens)},
                 "finish_reason": finish_reason,
+                "logprobs": logprobs,
             }],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
         }))
+    }
+}
+
+impl Served {
+    /// `choices[0].logprobs` of a reply: every token the model sampled — the stop token
+    /// included, so they sum to the log-prob of the whole reply — each with its behaviour
+    /// log-prob (the masked, tempered distribution; 0 when greedy).
+    fn token_logprobs(&self, response: &rao_agent::policy::Response) -> Value {
+        let entry = |token: String, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes(), "top_logprobs": []});
+        let content: Vec<Value> = match (&self.acting, &response.model) {
+            (Model::Text(policy), Some(m)) => m.sampled.iter().zip(&m.logprobs).map(|(&id, &lp)| entry(policy.token_text(id), lp)).collect(),
+            _ => response.tokens.iter().zip(&response.logprobs).map(|(&t, &lp)| entry(self.set.vocab().word(t).to_string(), lp)).collect(),
+        };
+        json!({ "content": content })
     }
 }
 

@@ -191,6 +191,11 @@ pub struct TextPolicy {
 }
 
 impl TextPolicy {
+    /// One of the model's tokens as text (its stop token included: `<|im_end|>`).
+    pub fn token_text(&self, id: u32) -> String {
+        self.form.tokenizer.decode(&[id], false).unwrap_or_default()
+    }
+
     /// `grammar` is the environment's action grammar (its `lark` text form is compiled over the
     /// tokenizer's vocabulary), `text_form` any episode of the environment.
     pub fn new(

@@ -57,6 +57,7 @@ async fn judges_over_http_with_retries_cache_and_no_key_leak() {
         timeout_s: 5.0,
         retries: 3,
         concurrency: 2,
+        logprobs: false,
         cache_dir: cache.path().display().to_string(),
     };
     let judge = Arc::new(LlmJudge::new(params.clone(), cache.path()).unwrap());

@@ -69,6 +69,7 @@ fn endpoint(base_url: String, cache: &std::path::Path, retries: u32) -> ChatEndp
         timeout_s: 5.0,
         retries,
         concurrency: 8,
+        logprobs: true,
         cache_dir: cache.display().to_string(),
     }
 }
