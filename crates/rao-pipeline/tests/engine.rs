@@ -281,6 +281,55 @@ stages:
     assert_eq!(status_of(&again, "final"), &InstanceStatus::Cached);
 }
 
+#[tokio::test]
+async fn a_body_stage_with_every_runs_on_every_nth_iteration_and_the_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store").to_str().unwrap(), dir.path()).unwrap();
+    let text = |max: u32, stop: &str| {
+        format!(
+            "\
+name: x
+stages:
+  seed: {{kind: shell, params: {{command: 'echo 1 > ${{outputs.o}}/n'}}, outputs: [o]}}
+  grow:
+    loop:
+      max_iterations: {max}
+      init: {{state: seed.o}}
+      carry: {{state: step.o}}
+{stop}    stages:
+      step: {{kind: counting, inputs: {{prev: loop.state}}}}
+      look: {{kind: shell, every: 3, params: {{command: 'wc -l < ${{inputs.s}}/n > ${{outputs.o}}/lines'}}, inputs: {{s: step.o}}, outputs: [o]}}
+"
+        )
+    };
+    let mut registry = Registry::with_builtins();
+    registry.register(Arc::new(Counting));
+    let run = |text: String| {
+        let (registry, store) = (registry.clone(), store.clone());
+        let dir = dir.path().to_path_buf();
+        async move {
+            let c = Arc::new(compile_str("p.yaml", &text, &dir, &[], &registry).unwrap_or_else(|d| panic!("{d}")));
+            let exec = Arc::new(InProcess { registry: Arc::new(registry), store: store.clone(), reporter: Reporter::silent() });
+            rao_pipeline::run(c, exec, &store, RunOptions::default()).await.unwrap()
+        }
+    };
+    // Seven iterations: `look` at 3, 6 and 7 (the last), reading that iteration's state.
+    let r = run(text(7, "")).await;
+    assert_eq!(r.status, RunStatus::Succeeded);
+    let looks: Vec<&str> = r.instances.iter().filter(|i| i.name.starts_with("look@")).map(|i| i.name.as_str()).collect();
+    assert_eq!(looks, ["look@3", "look@6", "look@7"]);
+    for (k, lines) in [(3, 4), (6, 7), (7, 8)] {
+        let look = r.instances.iter().find(|i| i.name == format!("look@{k}")).unwrap();
+        let bytes = output_file(&store, look.fingerprint.as_ref().unwrap(), "o", "lines").await;
+        assert_eq!(String::from_utf8_lossy(&bytes).trim(), lines.to_string(), "look@{k}");
+    }
+    // Stopped early after iteration 4: `look@3` ran, the later ones are skipped with their loop.
+    let r = run(text(7, "      stop_when: {metric: step.lines, above: 5}\n")).await;
+    assert_eq!(status_of(&r, "look@3"), &InstanceStatus::Cached);
+    assert_eq!(status_of(&r, "look@6"), &InstanceStatus::Skipped);
+    assert_eq!(status_of(&r, "look@7"), &InstanceStatus::Skipped);
+}
+
 /// Appends a line to its input file and reports the line count as metric `lines`.
 struct Counting;
 impl rao_pipeline::StageKind for Counting {
