@@ -25,6 +25,8 @@ const SHRINK: &[&str] = &[
     "--set",
     "stages.eval_deep_tasks.params.per_band=2",
     "--set",
+    "stages.heldout_tasks.params.per_band=2",
+    "--set",
     "stages.warmstart.params.max_steps=40",
     "--set",
     "stages.warmstart.params.eval_every=20",
@@ -111,6 +113,9 @@ fn two_runs_from_scratch_give_identical_checkpoints_and_metrics() {
     let o = rao(&args, dir.path());
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("recursive") && text.contains("flat"), "{text}");
+    // The loop's held-out evaluation (`every: 10`, so only in the last of 2 iterations) is a
+    // learning curve, not a row of the run's results.
+    assert!(!text.lines().any(|l| l.starts_with("heldout")), "{text}");
     let page_path = text.lines().find_map(|l| l.strip_prefix("report: ")).unwrap_or_else(|| panic!("no page: {text}"));
     let page = std::fs::read_to_string(page_path).unwrap();
     let rec: serde_json::Value =
@@ -156,6 +161,7 @@ fn report_page_has_what_it_must(page: &str, rec: &serde_json::Value) {
         }
     }
     assert!(curves >= 20, "{curves} metrics recorded");
+    assert!(page.contains("heldout · "), "the held-out evaluation's curves");
     // Every evaluation row with its interval: label, mode, band and "[lo, hi]".
     for label in ["rao", "warmstart", "expert"] {
         for band in ["easy", "medium", "hard"] {

@@ -297,7 +297,11 @@ impl Checker<'_, '_> {
         for st in &l.body {
             for r in st.inputs.iter().flat_map(|i| &i.refs) {
                 if let Some(n) = sparse(&r.stage) {
-                    self.err(r.pos, format!("`{}` reads `{}.{}`, which runs only every {n} iterations", st.name.value, r.stage, r.output), every_help);
+                    self.err(
+                        r.pos,
+                        format!("`{}` reads `{}.{}`, which runs only every {n} iterations", st.name.value, r.stage, r.output),
+                        every_help,
+                    );
                 }
             }
         }

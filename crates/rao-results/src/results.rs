@@ -143,7 +143,8 @@ impl RunResults {
             }
         }
         let mut evaluations = Vec::new();
-        for i in instances.iter().filter(|i| i.kind == "evaluate") {
+        // A loop body's evaluations (`every: N`) are learning curves, not results of the run.
+        for i in instances.iter().filter(|i| i.kind == "evaluate" && i.iteration().is_none()) {
             evaluations.push(load_evaluation(store, i).await?);
         }
         let resolved = record.as_ref().map(|r| r["resolved"].clone()).unwrap_or_else(|| c.resolved.clone());
@@ -176,7 +177,8 @@ impl RunResults {
 pub async fn evaluations(c: &Compiled, store: &Store) -> anyhow::Result<(Vec<(String, Vec<EvalRow>)>, Vec<String>)> {
     let mut found = Vec::new();
     let mut missing = Vec::new();
-    for r in rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.kind == "evaluate") {
+    // `STAGE@k`: an evaluation inside a loop (a learning curve's point), not a result to compare.
+    for r in rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.kind == "evaluate" && !r.instance.contains('@')) {
         let rows = match (&r.state, &r.fingerprint) {
             (State::Done, Some(fp)) => match manifest::read(store, fp).await?.done() {
                 Some(m) => store.get_json::<Vec<EvalRow>>(&format!("{}/summary.json", m.output_prefix("report"))).await?,

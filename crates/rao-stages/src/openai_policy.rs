@@ -44,7 +44,14 @@ pub struct OpenAiPolicy {
 
 impl OpenAiPolicy {
     pub fn new(api: Arc<ChatApi>, text_form: Arc<dyn Episode>, temperature: f64) -> Self {
-        OpenAiPolicy { api, text_form, temperature, unusable: AtomicUsize::new(0), failed: AtomicUsize::new(0), with_logprobs: AtomicUsize::new(0) }
+        OpenAiPolicy {
+            api,
+            text_form,
+            temperature,
+            unusable: AtomicUsize::new(0),
+            failed: AtomicUsize::new(0),
+            with_logprobs: AtomicUsize::new(0),
+        }
     }
 
     async fn act_one(&self, r: Request) -> Response {

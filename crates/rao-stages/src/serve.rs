@@ -136,9 +136,12 @@ impl Served {
     /// included, so they sum to the log-prob of the whole reply — each with its behaviour
     /// log-prob (the masked, tempered distribution; 0 when greedy).
     fn token_logprobs(&self, response: &rao_agent::policy::Response) -> Value {
-        let entry = |token: String, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes(), "top_logprobs": []});
+        let entry =
+            |token: String, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes(), "top_logprobs": []});
         let content: Vec<Value> = match (&self.acting, &response.model) {
-            (Model::Text(policy), Some(m)) => m.sampled.iter().zip(&m.logprobs).map(|(&id, &lp)| entry(policy.token_text(id), lp)).collect(),
+            (Model::Text(policy), Some(m)) => {
+                m.sampled.iter().zip(&m.logprobs).map(|(&id, &lp)| entry(policy.token_text(id), lp)).collect()
+            }
             _ => response.tokens.iter().zip(&response.logprobs).map(|(&t, &lp)| entry(self.set.vocab().word(t).to_string(), lp)).collect(),
         };
         json!({ "content": content })
