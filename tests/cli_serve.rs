@@ -69,6 +69,22 @@ fn trees(dir: &Path, pipeline: &str, instance: &str) -> Vec<rao_core::NodeRecord
     nodes
 }
 
+/// The base file plus an evaluation named `stage` whose policy is the server at `addr`.
+fn through_server(addr: &str, stage: &str, temperature: u32, modes: &str) -> String {
+    format!(
+        "{BASE}  {stage}:
+    kind: evaluate
+    inputs: {{tasks: eval_tasks.tasks}}
+    params:
+      policy: openai
+      openai: {{base_url: \"http://{addr}/v1\", model: served, cache_dir: .rao/chat-cache, retries: 0}}
+      temperature: {temperature}
+      modes: [{modes}]
+      limits: \"${{params.limits}}\"
+"
+    )
+}
+
 #[test]
 fn an_evaluation_through_rao_serve_equals_the_in_process_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -94,19 +110,7 @@ fn an_evaluation_through_rao_serve_equals_the_in_process_one() {
     }
 
     // The same file plus an evaluation whose policy is the server.
-    let served = format!(
-        "{BASE}  evaluate_served:
-    kind: evaluate
-    inputs: {{tasks: eval_tasks.tasks}}
-    params:
-      policy: openai
-      openai: {{base_url: \"http://{addr}/v1\", model: served, cache_dir: .rao/chat-cache, retries: 0}}
-      temperature: 0
-      modes: [recursive, flat]
-      limits: \"${{params.limits}}\"
-"
-    );
-    std::fs::write(dir.path().join("q.yaml"), served).unwrap();
+    std::fs::write(dir.path().join("q.yaml"), through_server(&addr, "evaluate_served", 0, "recursive, flat")).unwrap();
     let o = rao(&["run", "q.yaml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("cached   warmstart"), "the checkpoint is the one served:\n{}", text(&o));
@@ -123,19 +127,7 @@ fn an_evaluation_through_rao_serve_equals_the_in_process_one() {
 
     // Sampled through the server: the same actions, and each reply's log-probs (the server's,
     // stop token included) sum to the in-process behaviour log-probs of that action.
-    let sampled = format!(
-        "{BASE}  evaluate_sampled:
-    kind: evaluate
-    inputs: {{tasks: eval_tasks.tasks}}
-    params:
-      policy: openai
-      openai: {{base_url: \"http://{addr}/v1\", model: served, cache_dir: .rao/chat-cache, retries: 0}}
-      temperature: 1
-      modes: [recursive]
-      limits: \"${{params.limits}}\"
-"
-    );
-    std::fs::write(dir.path().join("r.yaml"), sampled).unwrap();
+    std::fs::write(dir.path().join("r.yaml"), through_server(&addr, "evaluate_sampled", 1, "recursive")).unwrap();
     let o = rao(&["run", "r.yaml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
     let (want, got) = (trees(dir.path(), "p.yaml", "evaluate_sampled"), trees(dir.path(), "r.yaml", "evaluate_sampled"));

@@ -49,7 +49,7 @@ impl Stage<'_> {
     /// Whether this stage has an instance in `iteration` of a loop of `max_iterations` (`every`).
     pub fn runs_in(&self, iteration: u32, max_iterations: u32) -> bool {
         match &self.spec.every {
-            Some(n) => n.value > 0 && (iteration % n.value == 0 || iteration == max_iterations),
+            Some(n) => n.value > 0 && (iteration.is_multiple_of(n.value) || iteration == max_iterations),
             None => true,
         }
     }
