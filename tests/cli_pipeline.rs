@@ -256,9 +256,9 @@ fn plan_and_status_fold_loops_and_count() {
         String::from_utf8_lossy(&o.stdout).to_string()
     };
     let plan = run(&["plan"]);
-    assert!(plan.ends_with("310 instances: 0 cached, 310 to run (310 missing)\n"), "{plan}");
+    assert!(plan.ends_with("317 instances: 0 cached, 317 to run (317 missing)\n"), "{plan}");
     let status = run(&["status", "--folded"]);
-    assert_eq!(status.lines().count(), 16, "one line per stage entry and the totals: {status}");
+    assert_eq!(status.lines().count(), 18, "one line per stage entry and the totals: {status}");
     assert!(status.contains("missing  rollout                      ×60   0 done, 60 to run (60 missing)"), "{status}");
     let folded: serde_json::Value = serde_json::from_str(&run(&["plan", "--format", "json", "--folded"])).unwrap();
     let rollout = folded.as_array().unwrap().iter().find(|g| g["name"] == "rollout").unwrap();

@@ -60,6 +60,15 @@ stages:
     kind: evaluate
     inputs: {tasks: eval_tasks.tasks, checkpoint: update.checkpoint}
     params: {modes: [recursive, flat], group_size: 1, limits: "${params.limits}"}
+  greedy:
+    kind: evaluate
+    inputs: {tasks: eval_tasks.tasks, checkpoint: base.checkpoint}
+    params: {modes: [recursive], group_size: 1, temperature: 0, limits: "${params.limits}"}
+  greedy_uncached:
+    kind: evaluate
+    description: "No prefix cache (0 MiB keeps nothing): every action prefills its whole context."
+    inputs: {tasks: eval_tasks.tasks, checkpoint: base.checkpoint}
+    params: {modes: [recursive], group_size: 1, temperature: 0, prefix_cache_mb: 0, limits: "${params.limits}"}
 "#;
 
 /// LoRA: adapters only in the checkpoints, the base read from the model's files by each stage.
@@ -143,6 +152,28 @@ fn a_hugging_face_model_acts_in_text_through_the_pipeline_and_updates_on_its_own
     let eval =
         rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), "evaluate", "trees.parquet")).unwrap().into()).unwrap();
     assert!(eval.iter().any(|n| n.mode == "flat") && eval.iter().all(|n| n.token_space == trees[0].token_space));
+
+    // The prefix cache's size reaches the policy, and the cache changes nothing but the work:
+    // without it, every action prefills its whole context and the greedy trees are the same.
+    let nodes = |instance| {
+        rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), instance, "trees.parquet")).unwrap().into()).unwrap()
+    };
+    let actions = |nodes: Vec<rao_core::NodeRecord>| {
+        nodes
+            .into_iter()
+            .map(|n| (n.task_id, n.node_id, n.turns.into_iter().map(|t| t.completion_ids).collect::<Vec<_>>()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(actions(nodes("greedy")), actions(nodes("greedy_uncached")));
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join(".rao/store/runs/text-model/latest.json")).unwrap()).unwrap();
+    let metric = |instance: &str, name: &str| -> f64 {
+        let i = record["instances"].as_array().unwrap().iter().find(|i| i["name"] == instance).unwrap();
+        i["metrics"].as_object().unwrap().iter().filter(|(k, _)| k.ends_with(name)).map(|(_, v)| v.as_f64().unwrap()).sum()
+    };
+    assert!(metric("greedy", "prefix_cache_hits") > 0.0, "{}", record["instances"]);
+    assert_eq!(metric("greedy_uncached", "prefix_cache_hits"), 0.0);
+    assert!(metric("greedy_uncached", "prefilled_tokens") > metric("greedy", "prefilled_tokens"));
 
     // The warm start trained the model on text demonstrations (full and LoRA), in its tokens.
     assert!(weights("base") != weights("warmstart"), "the warm start trained the model");

@@ -14,6 +14,7 @@ use std::time::Instant;
 use rao_agent::RunMeta;
 use rao_envs::textcraft::{self, Band, SynthConfig};
 use rao_policy::hf;
+use rao_policy::prefix_cache::DEFAULT_BUDGET_BYTES;
 use rao_stages::chat_api::{ChatApi, ChatEndpoint};
 use rao_stages::envs::TaskSet;
 use rao_stages::envs::textcraft::task_set;
@@ -51,10 +52,10 @@ async fn main() {
     let limits = params.limits(Mode::Recursive);
     let generated = |trees: &[Vec<rao_core::NodeRecord>]| trees.iter().flatten().map(|n| n.generated_tokens as usize).sum::<usize>();
 
-    let in_process = acting_policy(loaded(), set.as_ref(), &limits, 1.0).unwrap();
+    let in_process = acting_policy(loaded(), set.as_ref(), &limits, 1.0, DEFAULT_BUDGET_BYTES).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let served = Arc::new(Served::from_loaded("bench".into(), loaded(), set.clone(), &params).unwrap());
+    let served = Arc::new(Served::from_loaded("bench".into(), loaded(), set.clone(), &params, DEFAULT_BUDGET_BYTES).unwrap());
     tokio::spawn(serve(listener, served.clone()));
     let cache = tempfile::tempdir().unwrap();
     let through = |round: usize| {

@@ -50,6 +50,9 @@ pub struct EvaluateParams {
     /// The endpoint of `policy: openai`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub openai: Option<ChatEndpoint>,
+    /// A language model's prefix cache, in MiB (as `rollout`'s).
+    #[serde(default = "crate::rollout::default_prefix_cache_mb")]
+    pub prefix_cache_mb: usize,
 }
 
 fn checkpoint() -> PolicyKind {
@@ -173,6 +176,7 @@ impl TypedStage for Evaluate {
                 iteration: 0,
                 shard: None,
                 openai: p.openai.clone(),
+                prefix_cache_mb: p.prefix_cache_mb,
             };
             // `policy: gold` replays each task's own trajectory: no one policy for all tasks.
             let policy = if p.policy == PolicyKind::Gold { None } else { Some(make_policy(&ctx, set.as_ref(), &rp).await?) };

@@ -72,13 +72,20 @@ pub async fn load_model(ctx: &StageContext, input: &str, backend: Backend) -> an
 }
 
 /// The runtime's policy for a loaded checkpoint: in text through its tokenizer and chat template
-/// when it has one, else in the environment's tokens.
-pub fn acting_policy(model: LoadedModel, set: &dyn TaskSet, limits: &Limits, temperature: f64) -> anyhow::Result<Arc<dyn RuntimePolicy>> {
+/// when it has one (with a prefix cache of `prefix_cache_bytes`), else in the environment's tokens.
+pub fn acting_policy(
+    model: LoadedModel,
+    set: &dyn TaskSet,
+    limits: &Limits,
+    temperature: f64,
+    prefix_cache_bytes: usize,
+) -> anyhow::Result<Arc<dyn RuntimePolicy>> {
     let grammar = set.grammar(limits.max_children as usize);
     Ok(match model.tokenizer {
-        Some(tokenizer) => {
-            Arc::new(TextPolicy::new(Arc::new(model.policy), tokenizer, grammar.as_ref(), set.episode(0), temperature, limits.window)?)
-        }
+        Some(tokenizer) => Arc::new(
+            TextPolicy::new(Arc::new(model.policy), tokenizer, grammar.as_ref(), set.episode(0), temperature, limits.window)?
+                .with_prefix_cache(prefix_cache_bytes),
+        ),
         None => Arc::new(NeuralPolicy::new(Arc::new(model.policy), grammar, set.vocab(), temperature)),
     })
 }

@@ -199,6 +199,22 @@ pub struct RolloutParams {
     /// The endpoint of `policy: openai`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub openai: Option<ChatEndpoint>,
+    /// A language model's prefix cache, in MiB: the keys and values of the nodes' contexts kept
+    /// between their actions, so an action prefills only what is new; past it the least recently
+    /// used go. A token takes 2 × layers × key/value heads × head width × 4 bytes (≈ 224 KiB for
+    /// Qwen3-0.6B, so 1,024 MiB hold about 4,700 tokens): size it to the nodes in flight.
+    #[serde(default = "default_prefix_cache_mb")]
+    pub prefix_cache_mb: usize,
+}
+
+pub fn default_prefix_cache_mb() -> usize {
+    rao_policy::prefix_cache::DEFAULT_BUDGET_BYTES >> 20
+}
+
+impl RolloutParams {
+    pub fn prefix_cache_bytes(&self) -> usize {
+        self.prefix_cache_mb.saturating_mul(1 << 20)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, JsonSchema)]
@@ -468,7 +484,7 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
         PolicyKind::Checkpoint => {
             anyhow::ensure!(ctx.inputs.contains_key("checkpoint"), "`policy: checkpoint` needs a `checkpoint` input");
             let model = crate::neural::load_model(ctx, "checkpoint", p.backend).await?;
-            crate::neural::acting_policy(model, set, &limits, p.temperature)?
+            crate::neural::acting_policy(model, set, &limits, p.temperature, p.prefix_cache_bytes())?
         }
         PolicyKind::PacedExpert => {
             anyhow::ensure!(
@@ -479,13 +495,10 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
             let expert = set.expert(ExpertSpec { delegate: p.expert.delegate, noise: p.expert.noise, seed: ctx.seed }, &limits);
             match model.tokenizer {
                 // A language model: the expert's turns in its tokens, at the text window.
-                Some(tokenizer) => Arc::new(crate::text_policy::TextPacedExpert::new(
-                    expert,
-                    Arc::new(model.policy),
-                    tokenizer,
-                    set.episode(0),
-                    limits.window,
-                )?),
+                Some(tokenizer) => Arc::new(
+                    crate::text_policy::TextPacedExpert::new(expert, Arc::new(model.policy), tokenizer, set.episode(0), limits.window)?
+                        .with_prefix_cache(p.prefix_cache_bytes()),
+                ),
                 None => Arc::new(crate::neural::PacedExpert { expert, model: Arc::new(model.policy), rec: set.vocab().id("<rec>") }),
             }
         }

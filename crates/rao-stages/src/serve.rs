@@ -50,14 +50,21 @@ impl Served {
         Served::with(model, acting, set)
     }
 
-    /// A checkpoint as loaded (`neural::load_model`): in text when it has a tokenizer, the window
-    /// then counted in its tokens.
-    pub fn from_loaded(model: String, loaded: LoadedModel, set: Arc<dyn TaskSet>, limits: &LimitParams) -> anyhow::Result<Self> {
+    /// A checkpoint as loaded (`neural::load_model`): in text when it has a tokenizer (with a
+    /// prefix cache of `prefix_cache_bytes`), the window then counted in its tokens.
+    pub fn from_loaded(
+        model: String,
+        loaded: LoadedModel,
+        set: Arc<dyn TaskSet>,
+        limits: &LimitParams,
+        prefix_cache_bytes: usize,
+    ) -> anyhow::Result<Self> {
         Ok(match loaded.tokenizer {
             None => Served::new(model, Arc::new(loaded.policy), set, limits),
             Some(tokenizer) => {
                 let grammar = set.grammar(limits.max_children as usize);
-                let policy = TextPolicy::new(Arc::new(loaded.policy), tokenizer, grammar.as_ref(), set.episode(0), 1.0, limits.window)?;
+                let policy = TextPolicy::new(Arc::new(loaded.policy), tokenizer, grammar.as_ref(), set.episode(0), 1.0, limits.window)?
+                    .with_prefix_cache(prefix_cache_bytes);
                 Served::with(model, Model::Text(policy), set)
             }
         })
@@ -77,7 +84,14 @@ impl Served {
             Some(l) => serde_json::from_value(l.clone()).map_err(|e| anyhow::anyhow!("params.limits of `{}`: {e}", ctx.instance))?,
             None => LimitParams::default(),
         };
-        Served::from_loaded(format!("{}/{}", ctx.pipeline, ctx.instance), loaded, set, &limits)
+        // The instance's own prefix cache size (`rollout`'s and `evaluate`'s param), if it sets one.
+        let cache_mb = match ctx.params.get("prefix_cache_mb") {
+            Some(v) => {
+                v.as_u64().ok_or_else(|| anyhow::anyhow!("params.prefix_cache_mb of `{}` is a number of MiB", ctx.instance))? as usize
+            }
+            None => crate::rollout::default_prefix_cache_mb(),
+        };
+        Served::from_loaded(format!("{}/{}", ctx.pipeline, ctx.instance), loaded, set, &limits, cache_mb.saturating_mul(1 << 20))
     }
 
     /// One chat completion, or what is wrong with the request.

@@ -219,6 +219,12 @@ impl TextPolicy {
         })
     }
 
+    /// The same policy with a prefix cache of `bytes` (keys and values of the nodes' contexts).
+    pub fn with_prefix_cache(mut self, bytes: usize) -> Self {
+        self.cache = Arc::new(Mutex::new(PrefixCache::new(bytes)));
+        self
+    }
+
     /// The same policy sampling at another temperature (sharing the model, grammar and form).
     pub fn at_temperature(&self, temperature: f64) -> TextPolicy {
         TextPolicy {
@@ -360,6 +366,12 @@ pub struct TextPacedExpert {
 }
 
 impl TextPacedExpert {
+    /// The same expert with a prefix cache of `bytes`.
+    pub fn with_prefix_cache(mut self, bytes: usize) -> Self {
+        self.cache = Arc::new(Mutex::new(PrefixCache::new(bytes)));
+        self
+    }
+
     pub fn new(
         expert: Arc<dyn rao_agent::Policy>,
         policy: Arc<Policy>,

@@ -212,6 +212,7 @@ async fn a_served_language_model_answers_every_conversation_with_an_action() {
         LoadedModel { policy: pre.policy, tokenizer: pre.tokenizer.map(Arc::new) },
         set.clone(),
         &limits,
+        rao_policy::prefix_cache::DEFAULT_BUDGET_BYTES,
     )
     .unwrap();
     let episode = set.episode(0);
