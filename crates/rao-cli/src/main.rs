@@ -423,9 +423,15 @@ fn cli_store_url(s: &str) -> anyhow::Result<String> {
     Ok(std::env::current_dir()?.join(s).display().to_string())
 }
 
+/// Compile a pipeline, through the user's plan cache (a file compiled before is read back).
+fn compile(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<Compiled> {
+    let cache = rao_pipeline::plan_cache::PlanCache::from_env();
+    rao_pipeline::load_cached(&p.pipeline, &p.set, registry, cache.as_ref()).map_err(|d| anyhow::anyhow!("{d}"))
+}
+
 /// Compile a pipeline and open its store (`read_only`: a missing local store is not created).
 fn load_with(p: &PipelineArgs, registry: &Registry, read_only: bool) -> anyhow::Result<(Compiled, Store)> {
-    let mut c = rao_pipeline::load(&p.pipeline, &p.set, registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let mut c = compile(p, registry)?;
     for w in rao_pipeline::overrides::unused_params(&c.resolved, &p.set) {
         eprintln!("warning: {w}");
     }
@@ -467,7 +473,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let registry = rao_stages::registry();
     match cli.command {
         Command::Validate { p } => {
-            let c = rao_pipeline::load(&p.pipeline, &p.set, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+            let c = compile(&p, &registry)?;
             for w in rao_pipeline::overrides::unused_params(&c.resolved, &p.set) {
                 eprintln!("warning: {w}");
             }

@@ -11,13 +11,15 @@ use serde_json::Value;
 
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::kind::Registry;
-use crate::spec::{PipelineFile, Pos, Resources, StopWhen, VariantFile};
+use crate::plan_cache::PlanCache;
+use crate::spec::{PipelineFile, Pos, Resources, VariantFile};
+use serde::{Deserialize, Serialize};
 
 /// Default store: a directory next to the pipeline file.
 pub const DEFAULT_STORE: &str = ".rao/store";
 
 /// Where an input comes from.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Source {
     /// An output of a known instance.
     Output { instance: usize, output: String },
@@ -26,7 +28,7 @@ pub enum Source {
 }
 
 /// One runnable stage instance.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Instance {
     pub name: String,
     /// The stage entry it comes from.
@@ -56,14 +58,23 @@ pub struct Instance {
     pub pos: Pos,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StopInfo {
     pub stage: String,
     pub metric: String,
-    pub when: StopWhen,
+    /// Stop once the metric's mean is at least this…
+    pub above: Option<f64>,
+    /// …or at most this.
+    pub below: Option<f64>,
 }
 
-#[derive(Debug, Clone)]
+impl StopInfo {
+    pub fn is_met(&self, value: f64) -> bool {
+        self.above.is_some_and(|a| value >= a) || self.below.is_some_and(|b| value <= b)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LoopInfo {
     pub name: String,
     pub max_iterations: u32,
@@ -97,7 +108,7 @@ impl LoopInfo {
             }
             if !values.is_empty() {
                 let mean = values.iter().sum::<f64>() / values.len() as f64;
-                if stop.when.is_met(mean) {
+                if stop.is_met(mean) {
                     return Some(k);
                 }
             }
@@ -106,8 +117,9 @@ impl LoopInfo {
     }
 }
 
-/// A checked pipeline, expanded into instances.
-#[derive(Debug, Clone)]
+/// A checked pipeline, expanded into instances. Serialised whole by the plan cache, except the
+/// graph and its order, which are rebuilt from the instances' inputs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Compiled {
     pub name: String,
     pub seed: u64,
@@ -123,7 +135,9 @@ pub struct Compiled {
     pub loops: Vec<LoopInfo>,
     /// Stage entries in file order, with the names of their instances (for folded views).
     pub stages: Vec<(String, Vec<usize>)>,
+    #[serde(skip)]
     pub graph: DiGraph<usize, ()>,
+    #[serde(skip)]
     pub order: Vec<usize>,
 }
 
@@ -170,6 +184,12 @@ impl Compiled {
 /// Read, check and expand a pipeline file. `overrides` are `path.to.key=value` strings.
 /// A file with `extends` is a variant: another pipeline file plus the changes in its `set`.
 pub fn load(path: &Path, overrides: &[String], registry: &Registry) -> Result<Compiled, Diagnostics> {
+    load_cached(path, overrides, registry, None)
+}
+
+/// Like [`load`], through a cache of compiled plans (see `plan_cache`): a file that compiled
+/// before, with the same overrides and the same rao, is read back instead of compiled again.
+pub fn load_cached(path: &Path, overrides: &[String], registry: &Registry, cache: Option<&PlanCache>) -> Result<Compiled, Diagnostics> {
     let label = path.display().to_string();
     let text = read_pipeline_text(path).map_err(|m| Diagnostics {
         file: label.clone(),
@@ -178,13 +198,27 @@ pub fn load(path: &Path, overrides: &[String], registry: &Registry) -> Result<Co
     })?;
     let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }).unwrap_or(Path::new("."));
     let base = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
+    let cached = cache
+        .filter(|_| !may_be_variant(&text))
+        .and_then(|cache| Some((cache, PlanCache::key(&label, &text, &base, overrides, registry)?)));
+    if let Some(hit) = cached.as_ref().and_then(|(cache, key)| cache.get(key, registry)) {
+        return Ok(hit);
+    }
     let (label, text, mut all_overrides) = resolve_variant(path, label, text, 0)?;
     all_overrides.extend_from_slice(overrides);
-    compile_str(&label, &text, &base, &all_overrides, registry).map(|mut c| {
-        c.file = path.to_path_buf();
-        c.overrides = overrides.to_vec();
-        c
-    })
+    let mut c = compile_str(&label, &text, &base, &all_overrides, registry)?;
+    c.file = path.to_path_buf();
+    c.overrides = overrides.to_vec();
+    if let Some((cache, key)) = &cached {
+        cache.put(key, &c);
+    }
+    Ok(c)
+}
+
+/// Whether a file's text can name `extends` (not even spelt with a YAML escape); one that
+/// cannot is not parsed a first time just to find out.
+fn may_be_variant(text: &str) -> bool {
+    text.contains("extends") || text.contains('\\')
 }
 
 /// The file's text: a regular file of bounded size (a FIFO or a device would block or never end).
@@ -204,10 +238,7 @@ fn read_pipeline_text(path: &Path) -> Result<String, String> {
 /// Follow `extends` to the pipeline file that has the stages; returns its label and text and the
 /// overrides (outermost variant last) that turn it into the variant.
 fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Result<(String, String, Vec<String>), Diagnostics> {
-    // A variant names `extends`; a file whose text cannot hold that key (not even spelt with a
-    // YAML escape) is not one, and is not parsed a first time just to find out.
-    let may_be_variant = text.contains("extends") || text.contains('\\');
-    let is_variant = may_be_variant && crate::parse::parse::<Value>(&text).ok().is_some_and(|v| v.get("extends").is_some());
+    let is_variant = may_be_variant(&text) && crate::parse::parse::<Value>(&text).ok().is_some_and(|v| v.get("extends").is_some());
     if !is_variant {
         return Ok((label, text, Vec::new()));
     }
@@ -270,6 +301,26 @@ pub fn compile_str(label: &str, text: &str, base_dir: &Path, overrides: &[String
         return Err(fail(diags));
     }
     let crate::expand::Expanded { instances, loops, stages } = expanded;
+    let (graph, order) = dependency_graph(&instances, &loops).map_err(|d| fail(vec![d]))?;
+    Ok(Compiled {
+        name: spec.name.value.clone(),
+        seed: spec.seed.value,
+        file: PathBuf::from(label),
+        base_dir: base_dir.to_path_buf(),
+        store_url: spec.store.as_ref().map(|s| s.value.clone()).unwrap_or_else(|| DEFAULT_STORE.to_string()),
+        executor: spec.executor.clone(),
+        overrides: overrides.to_vec(),
+        resolved: serde_json::to_value(&spec).unwrap_or(Value::Null),
+        instances,
+        loops,
+        stages,
+        graph,
+        order,
+    })
+}
+
+/// The instances' dependency graph and a stable topological order of it.
+pub(crate) fn dependency_graph(instances: &[Instance], loops: &[LoopInfo]) -> Result<(DiGraph<usize, ()>, Vec<usize>), Diagnostic> {
     let mut graph = DiGraph::<usize, ()>::new();
     for i in 0..instances.len() {
         graph.add_node(i);
@@ -295,23 +346,9 @@ pub fn compile_str(label: &str, text: &str, base_dir: &Path, overrides: &[String
     }
     let order = stable_toposort(&graph);
     if order.len() != instances.len() {
-        return Err(fail(vec![Diagnostic::new(Pos::NONE, "internal: the expanded graph has a cycle")]));
+        return Err(Diagnostic::new(Pos::NONE, "internal: the expanded graph has a cycle"));
     }
-    Ok(Compiled {
-        name: spec.name.value.clone(),
-        seed: spec.seed.value,
-        file: PathBuf::from(label),
-        base_dir: base_dir.to_path_buf(),
-        store_url: spec.store.as_ref().map(|s| s.value.clone()).unwrap_or_else(|| DEFAULT_STORE.to_string()),
-        executor: spec.executor.clone(),
-        overrides: overrides.to_vec(),
-        resolved: serde_json::to_value(&spec).unwrap_or(Value::Null),
-        instances,
-        loops,
-        stages,
-        graph,
-        order,
-    })
+    Ok((graph, order))
 }
 
 /// Derive an instance seed from the pipeline seed and the instance's name.

@@ -71,7 +71,12 @@ impl<'l, 'a> Expander<'l, 'a> {
     fn expand_loop(&mut self, l: &Loop) {
         let loop_idx = self.out.loops.len();
         let carry = l.carry.iter().map(|c| (c.var.value.clone(), (c.stage.clone(), c.output.clone()))).collect();
-        let stop = l.stop.as_ref().map(|s| StopInfo { stage: s.stage.clone(), metric: s.metric.clone(), when: s.when.clone() });
+        let stop = l.stop.as_ref().map(|s| StopInfo {
+            stage: s.stage.clone(),
+            metric: s.metric.clone(),
+            above: s.when.above,
+            below: s.when.below,
+        });
         let max_iterations = l.spec.max_iterations.value;
         self.out.loops.push(LoopInfo { name: l.name.value.clone(), max_iterations, stop, carry, iterations: Vec::new() });
         let body_spec = &self.lowered.spec.stages.get(&l.name.value).expect("a lowered loop is in the file").stages;

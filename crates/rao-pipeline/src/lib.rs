@@ -24,6 +24,7 @@ pub mod manifest;
 pub mod overrides;
 pub mod parse;
 pub mod plan;
+pub mod plan_cache;
 mod progress;
 pub mod publish;
 pub mod ray;
@@ -36,7 +37,7 @@ pub mod spec;
 pub mod store;
 pub mod subst;
 
-pub use compile::{Compiled, compile_str, load};
+pub use compile::{Compiled, compile_str, load, load_cached};
 pub use diag::Diagnostics;
 pub use events::{Event, Reporter};
 pub use executor::{Executor, InProcess, LocalProcess, PerInstance};
