@@ -426,9 +426,3 @@ pub struct StopWhen {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub below: Option<f64>,
 }
-
-impl StopWhen {
-    pub fn is_met(&self, value: f64) -> bool {
-        self.above.is_some_and(|a| value >= a) || self.below.is_some_and(|b| value <= b)
-    }
-}
