@@ -509,32 +509,33 @@ impl Policy {
         })
     }
 
-    /// Right-padded batch tensors for sequences: inputs, targets, loss mask, grammar bias.
+    /// Right-padded batch tensors for sequences, and the rows the loss reads: each generated
+    /// token's position (row-major `i·T + j`, predicting token `j + 1` of sequence `i`) with its
+    /// target, behaviour log-prob, advantage and grammar bias. Only those rows go through the
+    /// output layer: with a real vocabulary the `[B, T, V]` logits of every padded position were
+    /// most of a step's memory traffic.
     fn batch(&self, seqs: &[Sequence], grammar: &dyn Grammar, dev: &Device) -> Batch {
         let b = seqs.len();
         let t = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(1).max(2) - 1;
         let v = self.cfg.vocab;
         let mut inputs = vec![PAD as i64; b * t];
-        let mut targets = vec![0i64; b * t];
-        let mut mask = vec![0.0f32; b * t];
-        let mut old = vec![0.0f32; b * t];
-        let mut adv = vec![0.0f32; b * t];
-        let mut gbias = vec![0.0f32; b * t * v];
+        let (mut rows, mut targets, mut old, mut adv, mut gbias) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (i, s) in seqs.iter().enumerate() {
             let mut action_start = 0;
             for j in 0..s.tokens.len().saturating_sub(1) {
                 inputs[i * t + j] = s.tokens[j] as i64;
-                targets[i * t + j] = s.tokens[j + 1] as i64;
                 if s.generated[j + 1] {
                     if !s.generated[j] {
                         action_start = j + 1;
                     }
-                    mask[i * t + j] = 1.0;
-                    old[i * t + j] = s.old_logprobs[j + 1];
-                    adv[i * t + j] = s.advantage;
+                    rows.push((i * t + j) as i64);
+                    targets.push(s.tokens[j + 1] as i64);
+                    old.push(s.old_logprobs[j + 1]);
+                    adv.push(s.advantage);
                     let allowed = grammar.allowed(s.recursive, &s.tokens[action_start..j + 1]);
-                    let row = &mut gbias[(i * t + j) * v..(i * t + j + 1) * v];
-                    row.fill(NEG);
+                    let start = gbias.len();
+                    gbias.resize(start + v, NEG);
+                    let row = &mut gbias[start..];
                     for a in allowed {
                         row[a as usize] = 0.0;
                     }
@@ -543,27 +544,49 @@ impl Policy {
                 }
             }
         }
+        // A batch without generated tokens still reads one row (weight 0), so no tensor is empty.
+        let weight = if rows.is_empty() { 0.0 } else { 1.0 };
+        if rows.is_empty() {
+            rows.push(0);
+            targets.push(0);
+            old.push(0.0);
+            adv.push(0.0);
+            gbias.resize(v, 0.0);
+        }
+        let n = rows.len();
         let lens: Vec<usize> = seqs.iter().map(|s| s.tokens.len() - 1).collect();
         let bias = causal_bias(&lens, t);
-        let f2 = |x: Vec<f32>| Tensor::<2>::from_data(TensorData::new(x, [b, t]), dev);
+        let f1 = |x: Vec<f32>| Tensor::<1>::from_data(TensorData::new(x, [n]), dev);
         Batch {
             prev: Tensor::<2, Int>::from_data(TensorData::new(previous_tokens(&inputs, b, t), [b, t]), dev),
             inputs: Tensor::<2, Int>::from_data(TensorData::new(inputs, [b, t]), dev),
+            rows: Tensor::<1, Int>::from_data(TensorData::new(rows, [n]), dev),
             target_ids: targets.iter().map(|&x| x as usize).collect(),
-            targets: Tensor::<2, Int>::from_data(TensorData::new(targets, [b, t]), dev),
-            mask: f2(mask),
-            old: f2(old),
-            adv: f2(adv),
-            grammar: Tensor::<3>::from_data(TensorData::new(gbias, [b, t, v]), dev),
+            targets: Tensor::<2, Int>::from_data(TensorData::new(targets, [1, n]), dev),
+            mask: f1(vec![weight; n]),
+            old: f1(old),
+            adv: f1(adv),
+            grammar: Tensor::<3>::from_data(TensorData::new(gbias, [1, n, v]), dev),
             attn: Tensor::<4>::from_data(TensorData::new(bias, [b, 1, t, t]), dev),
             positions: (0..b).map(|_| (0..t).collect()).collect(),
         }
     }
 
-    /// Log-probs `[B, T]` of each target token under the masked, tempered distribution.
-    fn token_logprobs(model: &Transformer, batch: &Batch, temperature: f64) -> Tensor<2> {
-        let logits = model.forward(batch.inputs.clone(), batch.prev.clone(), &batch.positions, batch.attn.clone(), None);
-        crate::kernels::token_logprobs(logits, batch.grammar.clone(), &batch.targets, &batch.target_ids, temperature)
+    /// Log-probs `[N]` of the batch's target tokens (its `rows`) under the masked, tempered
+    /// distribution.
+    fn token_logprobs(model: &Transformer, batch: &Batch, temperature: f64) -> Tensor<1> {
+        let hidden =
+            model.hidden_fused(&model.fuse(), batch.inputs.clone(), batch.prev.clone(), &batch.positions, batch.attn.clone(), None);
+        let logits = model.head(hidden.select(0, batch.rows.clone()));
+        let [n, v] = logits.dims();
+        let lp = crate::kernels::token_logprobs(
+            logits.reshape([1, n, v]),
+            batch.grammar.clone(),
+            &batch.targets,
+            &batch.target_ids,
+            temperature,
+        );
+        lp.reshape([n])
     }
 
     /// Current log-probs of the generated tokens of each sequence (no gradient).
@@ -575,11 +598,12 @@ impl Policy {
         let model = self.model.valid();
         let batch = self.batch(seqs, grammar, &self.device);
         let lp = Self::token_logprobs(&model, &batch, temperature);
-        let t = lp.dims()[1];
-        let flat: Vec<f32> = lp.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32");
+        let mut flat = lp.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32").into_iter();
+        // The batch's rows are the generated tokens in sequence order.
         seqs.iter()
-            .enumerate()
-            .map(|(i, s)| (0..s.tokens.len() - 1).filter(|&j| s.generated[j + 1]).map(|j| flat[i * t + j]).collect())
+            .map(|s| {
+                (0..s.tokens.len() - 1).filter(|&j| s.generated[j + 1]).map(|_| flat.next().expect("one row per generated token")).collect()
+            })
             .collect()
     }
 
@@ -592,9 +616,9 @@ impl Policy {
         let n = n.max(1.0);
         let ratio = (lp.clone().detach() - batch.old.clone()).exp();
         let mut m = StepMetrics { tokens: n as usize, sequences: seqs.len(), ..Default::default() };
-        let masked_mean = |x: Tensor<2>| (x * batch.mask.clone()).sum().into_scalar::<f32>() as f64 / n;
+        let masked_mean = |x: Tensor<1>| (x * batch.mask.clone()).sum().into_scalar::<f32>() as f64 / n;
         m.mean_abs_ratio_minus_1 = masked_mean((ratio.clone() - 1.0).abs());
-        let objective: Tensor<2> = match loss {
+        let objective: Tensor<1> = match loss {
             Loss::Cispo { lo, hi } => {
                 let outside = ratio.clone().lower_elem(lo).float() + ratio.clone().greater_elem(hi).float();
                 m.clip_fraction = masked_mean(outside);
@@ -648,12 +672,17 @@ fn on_compute_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 struct Batch {
     inputs: Tensor<2, Int>,
     prev: Tensor<2, Int>,
+    /// Rows of the `[B·T, D]` hidden states the loss reads (one per generated token).
+    rows: Tensor<1, Int>,
+    /// `[1, N]`: each row's target token.
     targets: Tensor<2, Int>,
-    /// `targets`, row-major, for the fused log-prob kernel.
+    /// `targets`, for the fused log-prob kernel.
     target_ids: Vec<usize>,
-    mask: Tensor<2>,
-    old: Tensor<2>,
-    adv: Tensor<2>,
+    /// `[N]`: 1 per row (0 for the placeholder row of a batch without generated tokens).
+    mask: Tensor<1>,
+    old: Tensor<1>,
+    adv: Tensor<1>,
+    /// `[1, N, V]`: the grammar's additive bias per row.
     grammar: Tensor<3>,
     attn: Tensor<4>,
     positions: Vec<Vec<usize>>,

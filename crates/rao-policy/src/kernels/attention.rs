@@ -48,11 +48,32 @@ pub struct Inputs<'a> {
 }
 
 /// What the backward pass needs besides the inputs and the output: the rotated queries
-/// (`[B·T, Dq]`) and keys (`[B·T, Dkv]`) and the attention probabilities (`[B, H, T, T]`).
+/// (`[B·T, Dq]`) and keys (`[B·T, Dkv]`) and the attention probabilities, per sequence `b` a
+/// `[H, T, S_b]` block (`S_b = keys[b]`, the keys any of its queries sees), one after the other.
 pub struct Saved {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub probs: Vec<f32>,
+    pub keys: Vec<usize>,
+}
+
+/// Each sequence's key limits ([`key_limits`]) and the number of keys its queries see at most:
+/// keys past that (a padded sequence's tail) get probability 0, so the products stop there.
+fn visible_keys(bias: &[f32], batch: usize, t: usize) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let limits: Vec<Vec<usize>> = (0..batch).map(|b| key_limits(&bias[b * t * t..(b + 1) * t * t], t)).collect();
+    let keys = limits.iter().map(|l| l.iter().copied().max().unwrap_or(0)).collect();
+    (limits, keys)
+}
+
+/// `data` cut into consecutive blocks of the given sizes.
+fn blocks<'a>(mut data: &'a mut [f32], sizes: impl Iterator<Item = usize>) -> Vec<&'a mut [f32]> {
+    sizes
+        .map(|n| {
+            let (head, tail) = std::mem::take(&mut data).split_at_mut(n);
+            data = tail;
+            head
+        })
+        .collect()
 }
 
 /// `out = softmax(q̃·k̃ᵀ + bias)·v` per query head (keys and values of its group's head), with
@@ -70,29 +91,35 @@ pub fn forward(x: &Inputs, dims: Dims) -> (Vec<f32>, Saved) {
         out
     };
     let (q, k) = (rotate(0, dq), rotate(dq, dkv));
-    let mut probs = vec![0.0; batch * heads * t * t];
+    let (limits, keys) = visible_keys(x.bias, batch, t);
+    let mut probs = vec![0.0; heads * t * keys.iter().sum::<usize>()];
     let mut out = vec![0.0; batch * t * dq];
-    (probs.par_chunks_mut(heads * t * t), out.par_chunks_mut(t * dq)).into_par_iter().enumerate().for_each(|(b, (p, o))| {
-        let bias = &x.bias[b * t * t..(b + 1) * t * t];
-        let limits = key_limits(bias, t);
-        let (q, k, v) =
-            (&q[b * t * dq..(b + 1) * t * dq], &k[b * t * dkv..(b + 1) * t * dkv], &x.qkv[b * t * w + dq + dkv..(b + 1) * t * w]);
-        let (head_q, head_k, head_v, square) = (View::rows(t, dh, dq), View::rows(t, dh, dkv), View::rows(t, dh, w), View::rows(t, t, t));
-        for h in 0..heads {
-            let (cq, ck, p) = (h * dh, (h / group) * dh, &mut p[h * t * t..(h + 1) * t * t]);
-            matmul(p, square, false, &q[cq..], head_q, &k[ck..], head_k.t());
-            softmax_rows(p, bias, &limits, t);
-            matmul(&mut o[cq..], head_q, false, p, square, &v[ck..], head_v);
-        }
-    });
-    (out, Saved { q, k, probs })
+    (blocks(&mut probs, keys.iter().map(|&s| heads * t * s)), out.par_chunks_mut(t * dq)).into_par_iter().enumerate().for_each(
+        |(b, (p, o))| {
+            let (bias, limits, s) = (&x.bias[b * t * t..(b + 1) * t * t], &limits[b], keys[b]);
+            if s == 0 {
+                return; // no query sees a key: the output stays 0
+            }
+            let (q, k, v) =
+                (&q[b * t * dq..(b + 1) * t * dq], &k[b * t * dkv..(b + 1) * t * dkv], &x.qkv[b * t * w + dq + dkv..(b + 1) * t * w]);
+            let (head_q, head_k, head_v, scores) =
+                (View::rows(t, dh, dq), View::rows(s, dh, dkv), View::rows(s, dh, w), View::rows(t, s, s));
+            for h in 0..heads {
+                let (cq, ck, p) = (h * dh, (h / group) * dh, &mut p[h * t * s..(h + 1) * t * s]);
+                matmul(p, scores, false, &q[cq..], head_q, &k[ck..], head_k.t());
+                softmax_rows(p, bias, limits, t, s);
+                matmul(&mut o[cq..], head_q, false, p, scores, &v[ck..], head_v);
+            }
+        },
+    );
+    (out, Saved { q, k, probs, keys })
 }
 
 simd_fn! {
-    /// Scores `[T, T]` → probabilities, adding the bias; keys past each row's limit get 0.
-    fn softmax_rows(p: &mut [f32], bias: &[f32], limits: &[usize], t: usize) {
+    /// Scores `[T, S]` → probabilities, adding the bias (`[T, T]`); keys past each row's limit get 0.
+    fn softmax_rows(p: &mut [f32], bias: &[f32], limits: &[usize], t: usize, s: usize) {
         for (i, &n) in limits.iter().enumerate() {
-            let row = &mut p[i * t..(i + 1) * t];
+            let row = &mut p[i * s..(i + 1) * s];
             let (seen, unseen) = row.split_at_mut(n);
             for (x, b) in seen.iter_mut().zip(&bias[i * t..i * t + n]) {
                 *x += b;
@@ -112,24 +139,30 @@ simd_fn! {
 pub fn backward(x: &Inputs, saved: &Saved, out: &[f32], grad_out: &[f32], dims: Dims) -> Vec<f32> {
     let Dims { batch, t, heads, dh, .. } = dims;
     let (dq, dkv, w, group) = (dims.dq(), dims.dkv(), dims.width(), dims.group());
+    let offsets: Vec<usize> = saved.keys.iter().scan(0, |at, &s| Some(std::mem::replace(at, *at + heads * t * s))).collect();
     let mut grad = vec![0.0; batch * t * w];
     grad.par_chunks_mut(t * w).enumerate().for_each(|(b, grad)| {
         let (rq, rk, rt) = (b * t * dq..(b + 1) * t * dq, b * t * dkv..(b + 1) * t * dkv, b * t * dh..(b + 1) * t * dh);
+        let s = saved.keys[b];
+        if s == 0 {
+            return;
+        }
         let limits = key_limits(&x.bias[b * t * t..(b + 1) * t * t], t);
         let v = &x.qkv[b * t * w + dq + dkv..(b + 1) * t * w];
         let (q, k, out, go) = (&saved.q[rq.clone()], &saved.k[rk], &out[rq.clone()], &grad_out[rq]);
-        let (head_q, head_k, head_v, square) = (View::rows(t, dh, dq), View::rows(t, dh, dkv), View::rows(t, dh, w), View::rows(t, t, t));
-        let (mut ds, mut dqs, mut dks) = (vec![0.0; t * t], vec![0.0; t * dq], vec![0.0; t * dkv]);
+        let (head_q, head_k, head_v, scores) = (View::rows(t, dh, dq), View::rows(s, dh, dkv), View::rows(s, dh, w), View::rows(t, s, s));
+        // Keys past `s` get no gradient: their rows of `dks` and of the value columns stay 0.
+        let (mut ds, mut dqs, mut dks) = (vec![0.0; t * s], vec![0.0; t * dq], vec![0.0; t * dkv]);
         for h in 0..heads {
             let (cq, ck) = (h * dh, (h / group) * dh);
             // The heads of a group add up into their key/value head's gradient.
             let later_in_group = h % group != 0;
-            let p = &saved.probs[(b * heads + h) * t * t..(b * heads + h + 1) * t * t];
-            matmul(&mut ds, square, false, &go[cq..], head_q, &v[ck..], head_v.t());
-            softmax_grad_rows(&mut ds, p, &go[cq..], &out[cq..], &limits, t, dq, dh);
-            matmul(&mut dqs[cq..], head_q, false, &ds, square, &k[ck..], head_k);
-            matmul(&mut dks[ck..], head_k, later_in_group, &ds, square.t(), &q[cq..], head_q);
-            matmul(&mut grad[dq + dkv + ck..], head_v, later_in_group, p, square.t(), &go[cq..], head_q);
+            let p = &saved.probs[offsets[b] + h * t * s..offsets[b] + (h + 1) * t * s];
+            matmul(&mut ds, scores, false, &go[cq..], head_q, &v[ck..], head_v.t());
+            softmax_grad_rows(&mut ds, p, &go[cq..], &out[cq..], &limits, s, dq, dh);
+            matmul(&mut dqs[cq..], head_q, false, &ds, scores, &k[ck..], head_k);
+            matmul(&mut dks[ck..], head_k, later_in_group, &ds, scores.t(), &q[cq..], head_q);
+            matmul(&mut grad[dq + dkv + ck..], head_v, later_in_group, p, scores.t(), &go[cq..], head_q);
         }
         // Back through the rotation, into the query and key columns.
         unrotate_rows(grad, 0, dq, w, &dqs, &x.cos[rt.clone()], &x.sin[rt.clone()], dh);
@@ -185,12 +218,12 @@ simd_fn! {
 }
 
 simd_fn! {
-    /// `dp: [T, T]` (gradient of the probabilities) → gradient of the scores,
+    /// `dp: [T, S]` (gradient of the probabilities) → gradient of the scores,
     /// `p·(dp − dO·O)` row by row (`dO·O = Σ_s p·dp`); 0 past each row's limit.
-    fn softmax_grad_rows(dp: &mut [f32], p: &[f32], go: &[f32], out: &[f32], limits: &[usize], t: usize, d: usize, dh: usize) {
+    fn softmax_grad_rows(dp: &mut [f32], p: &[f32], go: &[f32], out: &[f32], limits: &[usize], s: usize, d: usize, dh: usize) {
         for (i, &n) in limits.iter().enumerate() {
             let row_term = dot(&go[i * d..i * d + dh], &out[i * d..i * d + dh]);
-            let (row, pr) = (&mut dp[i * t..(i + 1) * t], &p[i * t..(i + 1) * t]);
+            let (row, pr) = (&mut dp[i * s..(i + 1) * s], &p[i * s..(i + 1) * s]);
             for (x, &p) in row[..n].iter_mut().zip(&pr[..n]) {
                 *x = p * (*x - row_term);
             }
