@@ -60,6 +60,28 @@ fn kill_9_mid_run_leaves_finished_work_and_the_next_run_resumes() {
 }
 
 #[test]
+fn only_runs_its_stage_skips_the_rest_and_fails_when_an_input_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = chain(dir.path());
+    let p = p.to_str().unwrap();
+    let ran = || std::fs::read_to_string(dir.path().join("ran.log")).unwrap_or_default();
+    // `b` needs `a`, which is not done: b fails (saying what to do), c is only skipped.
+    let o = rao(&["run", p, "--only", "b"], dir.path());
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("FAILED   b: its input `a` is not done and not selected: run it first, or use --from a"), "{}", text(&o));
+    assert!(text(&o).contains("skipped  c: not done, and not selected by --only/--from"), "{}", text(&o));
+    assert!(text(&o).contains("1 stage(s) failed"), "{}", text(&o));
+    assert_eq!(ran(), "");
+    // `a` alone succeeds although b and c are not done.
+    let o = rao(&["run", p, "--only", "a"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(ran(), "a\n");
+    let o = rao(&["run", p, "--only", "b"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(ran(), "a\nb\n");
+}
+
+#[test]
 fn validate_fails_with_file_line_column_and_runs_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("bad.yaml");

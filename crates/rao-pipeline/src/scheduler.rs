@@ -101,6 +101,9 @@ struct Scheduler {
     position: Vec<usize>,
     waiting_on: Vec<usize>,
     upstream_failed: Vec<Option<String>>,
+    /// An instance upstream that is neither done nor selected (`--only`/`--from`): a selected
+    /// instance below it cannot run, which fails the run; one that is not selected is skipped.
+    missing_input: Vec<Option<String>>,
     settled: Vec<bool>,
     manifests: Vec<Option<Manifest>>,
     fps: Vec<Option<String>>,
@@ -195,6 +198,7 @@ impl Scheduler {
             position,
             waiting_on,
             upstream_failed: vec![None; n],
+            missing_input: vec![None; n],
             settled: vec![false; n],
             manifests: vec![None; n],
             fps: vec![None; n],
@@ -292,6 +296,13 @@ impl Scheduler {
         }
     }
 
+    /// Tell the instances below `i` that `input` (not done, not selected) is missing.
+    fn pass_missing(&mut self, i: usize, input: &str) {
+        for s in self.c.successors(i).collect::<Vec<_>>() {
+            self.missing_input[s].get_or_insert_with(|| input.to_string());
+        }
+    }
+
     fn mark(&mut self, i: usize, status: InstanceStatus, reason: Option<String>) {
         self.record.instances[i].status = status;
         self.record.instances[i].reason = reason;
@@ -325,6 +336,18 @@ impl Scheduler {
             }
             let c = self.c.clone();
             let inst = &c.instances[i];
+            if let Some(input) = self.missing_input[i].clone() {
+                if self.selected[i] {
+                    let why = format!("its input `{input}` is not done and not selected: run it first, or use --from {input}");
+                    self.mark(i, InstanceStatus::Failed, Some(why.clone()));
+                    self.emit(Event::Failed { instance: inst.name.clone(), error: why });
+                    self.settle(i, Some(format!("upstream `{}` did not finish", inst.name)));
+                } else {
+                    self.pass_missing(i, &input);
+                    self.skip_unselected(i);
+                }
+                continue;
+            }
             if let Some(why) = self.upstream_failed[i].clone() {
                 self.mark(i, InstanceStatus::Skipped, Some(why.clone()));
                 self.emit(Event::Skipped { instance: inst.name.clone(), reason: why });
@@ -362,15 +385,15 @@ impl Scheduler {
                 self.settle(i, None);
                 continue;
             }
-            if !self.selected[i] || self.cancelled {
-                let why = if self.cancelled { "run cancelled" } else { "not done, and not selected by --only/--from" }.to_string();
-                if self.cancelled {
-                    self.mark(i, InstanceStatus::Cancelled, Some(why.clone()));
-                } else {
-                    self.mark(i, InstanceStatus::Failed, Some(why.clone()));
-                    self.emit(Event::Failed { instance: inst.name.clone(), error: why.clone() });
-                }
+            if self.cancelled {
+                let why = "run cancelled".to_string();
+                self.mark(i, InstanceStatus::Cancelled, Some(why.clone()));
                 self.settle(i, Some(why));
+                continue;
+            }
+            if !self.selected[i] {
+                self.pass_missing(i, &inst.name);
+                self.skip_unselected(i);
                 continue;
             }
             let need_cpu = inst.resources.cpu.unwrap_or(1).min(self.opts.jobs.max(1) as u32);
@@ -383,6 +406,15 @@ impl Scheduler {
             self.launch(i, parts, fp, need_cpu, need_gpu);
         }
         Ok(())
+    }
+
+    /// Skip an instance that is not done and that `--only`/`--from` did not select (no failure:
+    /// the selected instances below it fail instead, through `missing_input`).
+    fn skip_unselected(&mut self, i: usize) {
+        let why = "not done, and not selected by --only/--from".to_string();
+        self.mark(i, InstanceStatus::Skipped, Some(why.clone()));
+        self.emit(Event::Skipped { instance: self.c.instances[i].name.clone(), reason: why });
+        self.settle(i, None);
     }
 
     fn launch(&mut self, i: usize, parts: FpParts, fingerprint: String, need_cpu: u32, need_gpu: u32) {
