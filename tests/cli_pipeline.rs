@@ -69,7 +69,8 @@ fn only_runs_its_stage_skips_the_rest_and_fails_when_an_input_is_missing() {
     let o = rao(&["run", p, "--only", "b"], dir.path());
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("FAILED   b: its input `a` is not done and not selected: run it first, or use --from a"), "{}", text(&o));
-    assert!(text(&o).contains("skipped  c: not done, and not selected by --only/--from"), "{}", text(&o));
+    assert!(text(&o).contains("skipped  a: not done, and not selected by --only/--from"), "{}", text(&o));
+    assert!(text(&o).contains("skipped  c: upstream `b` did not finish"), "{}", text(&o));
     assert!(text(&o).contains("1 stage(s) failed"), "{}", text(&o));
     assert_eq!(ran(), "");
     // `a` alone succeeds although b and c are not done.
