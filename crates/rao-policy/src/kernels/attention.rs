@@ -66,7 +66,7 @@ fn visible_keys(bias: &[f32], batch: usize, t: usize) -> (Vec<Vec<usize>>, Vec<u
 }
 
 /// `data` cut into consecutive blocks of the given sizes.
-fn blocks<'a>(mut data: &'a mut [f32], sizes: impl Iterator<Item = usize>) -> Vec<&'a mut [f32]> {
+fn blocks(mut data: &mut [f32], sizes: impl Iterator<Item = usize>) -> Vec<&mut [f32]> {
     sizes
         .map(|n| {
             let (head, tail) = std::mem::take(&mut data).split_at_mut(n);
