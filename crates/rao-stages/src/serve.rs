@@ -3,23 +3,32 @@
 //! (`rao_envs::text::context_of`), so the model sees exactly the context it would see in a
 //! rollout, and its reply is sampled with the environment's grammar: every reply is an action.
 //! `policy: openai` pointed at it gives, greedy, the trees of the in-process policy.
+//!
+//! With `max_batch` above 1, requests in flight together are answered together: one worker takes
+//! every request waiting when it is free (up to `max_batch`) and samples them in one batched call
+//! per temperature — the same batched, KV-cached pass an in-process rollout makes for its live
+//! nodes — while the next requests queue for the following batch. With 1, each request is
+//! sampled by itself as it comes, several at once on the CPU's cores. See [`default_max_batch`].
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use rao_agent::Policy as _;
-use rao_agent::policy::Request;
+use futures::FutureExt as _;
+use rao_agent::policy::{Request, Response as Reply};
 use rao_envs::Episode;
 use rao_envs::grammar::Grammar;
 use rao_envs::text::{Message, context_of, words};
 use rao_envs::vocab::EOS;
 use rao_pipeline::StageContext;
 use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::envs::{self, TaskSet};
 use crate::neural::{LoadedModel, NeuralPolicy, load_model};
@@ -28,9 +37,61 @@ use crate::text_policy::TextPolicy;
 
 /// The model behind a server: rao's own (acting in the environment's tokens) or a language model
 /// acting in text through its chat template.
+#[derive(Clone)]
 enum Model {
     Compact { policy: Arc<rao_policy::Policy>, grammar: Arc<dyn Grammar>, window: usize },
-    Text(TextPolicy),
+    Text(Arc<TextPolicy>),
+}
+
+/// Why a request got no completion: what is wrong with it (400), or the model failed (500).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ServeError {
+    BadRequest(String),
+    Model(String),
+}
+
+impl From<String> for ServeError {
+    fn from(message: String) -> Self {
+        ServeError::BadRequest(message)
+    }
+}
+
+impl From<&str> for ServeError {
+    fn from(message: &str) -> Self {
+        ServeError::BadRequest(message.to_string())
+    }
+}
+
+/// Requests answered together at most when the model runs on a GPU backend: there one batched
+/// pass costs about what one request's does (BENCHMARKS.md, H200: generation at batch 64 gives
+/// 10.8× the tokens/s of batch 1).
+pub const GPU_MAX_BATCH: usize = 64;
+
+/// How many requests a server answers together by default: [`GPU_MAX_BATCH`] on a GPU backend,
+/// 1 on the CPU — measured there (BENCHMARKS.md, `bench_serve`), requests sampled each by itself,
+/// two at a time on two cores, gave more tokens/s than batches, which pad every row to the
+/// longest context (a language model's cached context included) and decode to the longest reply.
+pub fn default_max_batch(policy: &rao_policy::Policy) -> usize {
+    if rao_policy::kernels::serves(&policy.device) { 1 } else { GPU_MAX_BATCH }
+}
+
+impl Model {
+    /// The model as a policy sampling at `temperature`.
+    fn at(&self, temperature: f64, set: &dyn TaskSet) -> Box<dyn rao_agent::Policy> {
+        match self {
+            Model::Compact { policy, grammar, .. } => {
+                Box::new(NeuralPolicy::new(policy.clone(), grammar.clone(), set.vocab(), temperature))
+            }
+            Model::Text(policy) => Box::new(policy.at_temperature(temperature)),
+        }
+    }
+}
+
+/// A request waiting for the batch worker.
+struct Pending {
+    request: Request,
+    temperature: f64,
+    reply: oneshot::Sender<Reply>,
 }
 
 /// What a server answers with: a model and its environment.
@@ -42,12 +103,18 @@ pub struct Served {
     pub text_form: Arc<dyn Episode>,
     /// Tokens the model generated for all requests so far (its own tokens).
     pub completion_tokens: AtomicUsize,
+    /// Batched sampling calls made so far (each answers one or more requests).
+    pub batches: Arc<AtomicUsize>,
+    max_batch: usize,
+    /// The batch worker's queue, started by the first request (inside the server's runtime).
+    queue: OnceLock<mpsc::Sender<Pending>>,
 }
 
 impl Served {
     pub fn new(model: String, policy: Arc<rao_policy::Policy>, set: Arc<dyn TaskSet>, limits: &LimitParams) -> Self {
+        let max_batch = default_max_batch(&policy);
         let acting = Model::Compact { policy, grammar: set.grammar(limits.max_children as usize), window: limits.window };
-        Served::with(model, acting, set)
+        Served::with(model, acting, set).with_max_batch(max_batch)
     }
 
     /// A checkpoint as loaded (`neural::load_model`): in text when it has a tokenizer (with a
@@ -62,16 +129,57 @@ impl Served {
         Ok(match loaded.tokenizer {
             None => Served::new(model, Arc::new(loaded.policy), set, limits),
             Some(tokenizer) => {
+                let max_batch = default_max_batch(&loaded.policy);
                 let grammar = set.grammar(limits.max_children as usize);
                 let policy = TextPolicy::new(Arc::new(loaded.policy), tokenizer, grammar.as_ref(), set.episode(0), 1.0, limits.window)?
                     .with_prefix_cache(prefix_cache_bytes);
-                Served::with(model, Model::Text(policy), set)
+                Served::with(model, Model::Text(Arc::new(policy)), set).with_max_batch(max_batch)
             }
         })
     }
 
     fn with(model: String, acting: Model, set: Arc<dyn TaskSet>) -> Self {
-        Served { model, acting, text_form: set.episode(0), set, completion_tokens: AtomicUsize::new(0) }
+        Served {
+            model,
+            acting,
+            text_form: set.episode(0),
+            set,
+            completion_tokens: AtomicUsize::new(0),
+            batches: Arc::default(),
+            max_batch: 1,
+            queue: OnceLock::new(),
+        }
+    }
+
+    /// Answer at most `max_batch` requests in one batched call (1: each request alone). Takes
+    /// effect before the first request.
+    pub fn with_max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch.max(1);
+        self
+    }
+
+    /// Requests answered together at most.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Sample `request`'s reply: by itself, or queued for the batch worker.
+    async fn answer(&self, request: Request, temperature: f64) -> Result<Reply, ServeError> {
+        if self.max_batch == 1 {
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            let reply = AssertUnwindSafe(self.acting.at(temperature, self.set.as_ref()).act(vec![request])).catch_unwind().await;
+            return reply.ok().and_then(|mut r| r.pop()).ok_or_else(|| ServeError::Model("the model failed on this request".into()));
+        }
+        let queue = self.queue.get_or_init(|| {
+            // Room for a batch being answered and the next one filling up; beyond that a
+            // request waits for room (no unbounded queue).
+            let (tx, rx) = mpsc::channel(2 * self.max_batch);
+            tokio::spawn(answer_batches(self.acting.clone(), self.set.clone(), rx, self.max_batch, self.batches.clone()));
+            tx
+        });
+        let (reply, answered) = oneshot::channel();
+        queue.send(Pending { request, temperature, reply }).await.map_err(|_| ServeError::Model("the model is not answering".into()))?;
+        answered.await.map_err(|_| ServeError::Model("the model failed on this request's batch".into()))
     }
 
     /// The `tasks` and `checkpoint` inputs of a stage instance (e.g. an `evaluate`), with the
@@ -95,7 +203,7 @@ impl Served {
     }
 
     /// One chat completion, or what is wrong with the request.
-    pub async fn complete(&self, body: &Value) -> Result<Value, String> {
+    pub async fn complete(&self, body: &Value) -> Result<Value, ServeError> {
         let messages: Vec<Message> =
             serde_json::from_value(body.get("messages").cloned().unwrap_or(Value::Null)).map_err(|e| format!("`messages`: {e}"))?;
         let temperature = match body.get("temperature") {
@@ -105,23 +213,21 @@ impl Served {
         let seed = body.get("seed").and_then(Value::as_u64).unwrap_or(0);
         let context = context_of(self.text_form.as_ref(), &messages)?;
         let (response, prompt_tokens) = match &self.acting {
-            Model::Compact { policy, grammar, window } => {
+            Model::Compact { window, .. } => {
                 if context.len() >= *window {
-                    return Err(format!("the conversation is {} tokens; the model's window is {window}", context.len()));
+                    return Err(format!("the conversation is {} tokens; the model's window is {window}", context.len()).into());
                 }
                 let (prompt_tokens, max_new_tokens) = (context.len(), window - context.len());
-                let policy = NeuralPolicy::new(policy.clone(), grammar.clone(), self.set.vocab(), temperature);
-                (policy.act(vec![Request { context, max_new_tokens, seed, model_context: vec![] }]).await.pop(), prompt_tokens)
+                (self.answer(Request { context, max_new_tokens, seed, model_context: vec![] }, temperature).await?, prompt_tokens)
             }
             // The conversation rendered whole through the chat template (a client sends text).
-            Model::Text(policy) => {
+            Model::Text(_) => {
                 let request = Request { context, max_new_tokens: usize::MAX / 4, seed, model_context: vec![] };
-                let response = policy.at_temperature(temperature).act(vec![request]).await.pop();
-                let fed = response.as_ref().and_then(|r| r.model.as_ref()).map_or(0, |m| m.fed.len());
+                let response = self.answer(request, temperature).await?;
+                let fed = response.model.as_ref().map_or(0, |m| m.fed.len());
                 (response, fed)
             }
         };
-        let response = response.unwrap_or_default();
         let completion_tokens = response.model.as_ref().map_or(response.tokens.len(), |m| m.sampled.len());
         let logprobs = match body.get("logprobs") {
             Some(Value::Bool(true)) => self.token_logprobs(&response),
@@ -149,7 +255,7 @@ impl Served {
     /// `choices[0].logprobs` of a reply: every token the model sampled — the stop token
     /// included, so they sum to the log-prob of the whole reply — each with its behaviour
     /// log-prob (the masked, tempered distribution; 0 when greedy).
-    fn token_logprobs(&self, response: &rao_agent::policy::Response) -> Value {
+    fn token_logprobs(&self, response: &Reply) -> Value {
         let entry =
             |token: String, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes(), "top_logprobs": []});
         let content: Vec<Value> = match (&self.acting, &response.model) {
@@ -159,6 +265,41 @@ impl Served {
             _ => response.tokens.iter().zip(&response.logprobs).map(|(&t, &lp)| entry(self.set.vocab().word(t).to_string(), lp)).collect(),
         };
         json!({ "content": content })
+    }
+}
+
+/// The batch worker: takes every request waiting (up to `max_batch`), answers them with one
+/// sampling call per temperature, and replies to each; ends when the server is dropped. Each
+/// request carries its own seed and window, so its reply does not depend on its batch-mates. A
+/// call that panics fails only its own batch's requests.
+async fn answer_batches(
+    acting: Model,
+    set: Arc<dyn TaskSet>,
+    mut queue: mpsc::Receiver<Pending>,
+    max_batch: usize,
+    batches: Arc<AtomicUsize>,
+) {
+    while let Some(first) = queue.recv().await {
+        let mut by_temperature: BTreeMap<u64, Vec<Pending>> = BTreeMap::new();
+        by_temperature.entry(first.temperature.to_bits()).or_default().push(first);
+        let mut taken = 1;
+        while taken < max_batch {
+            let Ok(next) = queue.try_recv() else { break };
+            by_temperature.entry(next.temperature.to_bits()).or_default().push(next);
+            taken += 1;
+        }
+        for (bits, waiting) in by_temperature {
+            let temperature = f64::from_bits(bits);
+            let (requests, replies): (Vec<Request>, Vec<_>) = waiting.into_iter().map(|p| (p.request, p.reply)).unzip();
+            let policy = acting.at(temperature, set.as_ref());
+            batches.fetch_add(1, Ordering::Relaxed);
+            // Dropping a batch's reply senders tells its requests that the call failed.
+            if let Ok(responses) = AssertUnwindSafe(policy.act(requests)).catch_unwind().await {
+                for (reply, response) in replies.into_iter().zip(responses) {
+                    let _ = reply.send(response);
+                }
+            }
+        }
     }
 }
 
@@ -173,7 +314,10 @@ async fn chat(State(served): State<Arc<Served>>, body: Option<Json<Value>>) -> R
     let Some(Json(body)) = body else { return bad_request("the body is not JSON".into()) };
     match served.complete(&body).await {
         Ok(v) => Json(v).into_response(),
-        Err(message) => bad_request(message),
+        Err(ServeError::BadRequest(message)) => bad_request(message),
+        Err(ServeError::Model(message)) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": {"message": message, "type": "server_error"}}))).into_response()
+        }
     }
 }
 
