@@ -4,8 +4,8 @@
 //! or with MODEL_DIR a Hugging Face model acting in text (W = 4096 of its tokens; at most 12
 //! nodes of depth ≤ 2 and 6 steps each, since a random model launches sub-agents at random). In process
 //! every round of every live node is one batched forward pass; through the server, 16 requests
-//! in flight, answered each alone (`--max-batch 1`) and batched (the default), and each
-//! conversation rendered whole (a client sends text).
+//! in flight, answered each alone (`--max-batch 1`, the CPU's default) and batched
+//! (`--max-batch 64`, a GPU's default), and each conversation rendered whole (a client sends text).
 //! Run: cargo run --example bench_serve -p rao-stages [TASKS] [MODEL_DIR]
 //! (`BENCH_WIDTH` and `BENCH_LAYERS` size rao's model: 64 and 2 by default, the main job's.)
 
@@ -68,7 +68,7 @@ async fn main() {
     let in_process_params = first.policy.model.num_params();
     let in_process = acting_policy(first, set.as_ref(), &limits, 1.0, DEFAULT_BUDGET_BYTES).unwrap();
     // Two servers of the same model: one answering each request alone (`--max-batch 1`), one
-    // batching the requests in flight (the default).
+    // batching the requests in flight (`--max-batch 64`).
     let mut servers = Vec::new();
     for max_batch in [1, rao_stages::serve::GPU_MAX_BATCH] {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

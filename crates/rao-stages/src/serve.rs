@@ -114,7 +114,7 @@ impl Served {
     pub fn new(model: String, policy: Arc<rao_policy::Policy>, set: Arc<dyn TaskSet>, limits: &LimitParams) -> Self {
         let max_batch = default_max_batch(&policy);
         let acting = Model::Compact { policy, grammar: set.grammar(limits.max_children as usize), window: limits.window };
-        Served::with(model, acting, set).with_max_batch(max_batch)
+        Served::with(model, acting, set, max_batch)
     }
 
     /// A checkpoint as loaded (`neural::load_model`): in text when it has a tokenizer (with a
@@ -133,12 +133,12 @@ impl Served {
                 let grammar = set.grammar(limits.max_children as usize);
                 let policy = TextPolicy::new(Arc::new(loaded.policy), tokenizer, grammar.as_ref(), set.episode(0), 1.0, limits.window)?
                     .with_prefix_cache(prefix_cache_bytes);
-                Served::with(model, Model::Text(Arc::new(policy)), set).with_max_batch(max_batch)
+                Served::with(model, Model::Text(Arc::new(policy)), set, max_batch)
             }
         })
     }
 
-    fn with(model: String, acting: Model, set: Arc<dyn TaskSet>) -> Self {
+    fn with(model: String, acting: Model, set: Arc<dyn TaskSet>, max_batch: usize) -> Self {
         Served {
             model,
             acting,
@@ -146,7 +146,7 @@ impl Served {
             set,
             completion_tokens: AtomicUsize::new(0),
             batches: Arc::default(),
-            max_batch: 1,
+            max_batch,
             queue: OnceLock::new(),
         }
     }
