@@ -33,7 +33,7 @@ def median_ms(cmd, env=None):
     xs = []
     for _ in range(n):
         t = time.perf_counter()
-        subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True)
+        subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
         xs.append(time.perf_counter() - t)
     return statistics.median(xs) * 1000
 

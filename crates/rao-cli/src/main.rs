@@ -405,7 +405,7 @@ async fn compare_arm(
         let (c, st) = load_read_only(&p, registry)?;
         let (evaluations, missing) = rao_results::results::evaluations(&c, &st).await?;
         if resolved.is_null() {
-            (name, resolved) = (c.name.clone(), c.resolved.clone());
+            (name, resolved) = (c.name.clone(), (*c.resolved).clone());
         }
         let mut command = format!("rao run {}", file.display());
         for o in &p.set {
@@ -437,7 +437,7 @@ fn compile(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<Compiled> {
 /// Compile a pipeline and open its store (`read_only`: a missing local store is not created).
 fn load_with(p: &PipelineArgs, registry: &Registry, read_only: bool) -> anyhow::Result<(Compiled, Store)> {
     let mut c = compile(p, registry)?;
-    for w in rao_pipeline::overrides::unused_params(&c.resolved, &p.set) {
+    for w in c.resolved.unused_params(&p.set) {
         eprintln!("warning: {w}");
     }
     if let Some(s) = &p.store {
@@ -479,7 +479,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Validate { p } => {
             let c = compile(&p, &registry)?;
-            for w in rao_pipeline::overrides::unused_params(&c.resolved, &p.set) {
+            for w in c.resolved.unused_params(&p.set) {
                 eprintln!("warning: {w}");
             }
             println!("{}: ok ({} stage instances, {} loops)", p.pipeline.display(), c.instances.len(), c.loops.len());
@@ -507,7 +507,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Run { p, jobs, gpus, force, from, only, json, executor, ray_address, track } => {
             let (c, store) = load(&p, &registry)?;
-            let mut targets = rao_results::tracking::Target::from_pipeline(&c.resolved, &c.base_dir);
+            let mut targets = rao_results::tracking::Target::from_section(c.resolved.tracking(), &c.base_dir);
             for t in &track {
                 targets.push(rao_results::tracking::Target::parse(t, std::path::Path::new(".")).map_err(anyhow::Error::msg)?);
             }
@@ -535,7 +535,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     eprintln!("  {name}: {why}");
                 }
             }
-            return Ok(match record.status {
+            let status = record.status;
+            // The process ends here: freeing the plan and the record piece by piece would be a
+            // tenth of a fully cached run's instructions, for memory the exit returns anyway.
+            std::mem::forget((c, record));
+            return Ok(match status {
                 rao_pipeline::RunStatus::Succeeded => ExitCode::SUCCESS,
                 rao_pipeline::RunStatus::Cancelled => ExitCode::from(130),
                 _ => ExitCode::FAILURE,

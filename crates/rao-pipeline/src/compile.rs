@@ -129,8 +129,8 @@ pub struct Compiled {
     /// The file's default executor (`executor:` at the top level), if any.
     pub executor: Option<crate::spec::ExecutorSpec>,
     pub overrides: Vec<String>,
-    /// The pipeline as resolved (after `--set`), for run records.
-    pub resolved: Value,
+    /// The pipeline as resolved (after `--set`), for run records and reports.
+    pub resolved: crate::resolved::ResolvedPipeline,
     pub instances: Vec<Instance>,
     pub loops: Vec<LoopInfo>,
     /// Stage entries in file order, with the names of their instances (for folded views).
@@ -310,7 +310,7 @@ pub fn compile_str(label: &str, text: &str, base_dir: &Path, overrides: &[String
         store_url: spec.store.as_ref().map(|s| s.value.clone()).unwrap_or_else(|| DEFAULT_STORE.to_string()),
         executor: spec.executor.clone(),
         overrides: overrides.to_vec(),
-        resolved: serde_json::to_value(&spec).unwrap_or(Value::Null),
+        resolved: crate::resolved::ResolvedPipeline::new(serde_json::to_value(&spec).unwrap_or(Value::Null)),
         instances,
         loops,
         stages,

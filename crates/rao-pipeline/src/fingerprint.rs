@@ -44,28 +44,35 @@ pub struct FpParts {
 
 impl FpParts {
     pub fn fingerprint(&self) -> String {
-        let mut h = blake3::Hasher::new();
-        let mut field = |bytes: &[u8]| {
-            h.update(&(bytes.len() as u64).to_le_bytes());
-            h.update(bytes);
+        // The fields go into one buffer and are hashed at once: the same bytes as hashing each
+        // field as it comes, without a hasher call per field.
+        let mut buf = Vec::with_capacity(512);
+        let field = |buf: &mut Vec<u8>, bytes: &[u8]| {
+            buf.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+            buf.extend_from_slice(bytes);
         };
-        field(b"rao-fingerprint-v2");
-        field(self.kind.as_bytes());
-        field(&self.kind_version.to_le_bytes());
-        field(self.code.as_bytes());
-        field(self.machine.as_bytes());
-        field(canonical(&self.params).as_bytes());
-        field(&self.seed.to_le_bytes());
-        field(self.extra.as_bytes());
-        field(&(self.inputs.len() as u64).to_le_bytes());
+        field(&mut buf, b"rao-fingerprint-v2");
+        field(&mut buf, self.kind.as_bytes());
+        field(&mut buf, &self.kind_version.to_le_bytes());
+        field(&mut buf, self.code.as_bytes());
+        field(&mut buf, self.machine.as_bytes());
+        // Canonical params written in place, behind a length patched in afterwards.
+        let at = buf.len();
+        buf.extend_from_slice(&[0; 8]);
+        canonical_into(&self.params, &mut buf);
+        let len = (buf.len() - at - 8) as u64;
+        buf[at..at + 8].copy_from_slice(&len.to_le_bytes());
+        field(&mut buf, &self.seed.to_le_bytes());
+        field(&mut buf, self.extra.as_bytes());
+        field(&mut buf, &(self.inputs.len() as u64).to_le_bytes());
         for (name, srcs) in &self.inputs {
-            field(name.as_bytes());
-            field(&(srcs.len() as u64).to_le_bytes());
+            field(&mut buf, name.as_bytes());
+            field(&mut buf, &(srcs.len() as u64).to_le_bytes());
             for s in srcs {
-                field(s.as_bytes());
+                field(&mut buf, s.as_bytes());
             }
         }
-        h.finalize().to_hex()[..32].to_string()
+        blake3::hash(&buf).to_hex()[..32].to_string()
     }
 
     /// Why `self` (new) differs from `old`: "params.lr changed 0.1 → 0.2", "input tasks changed", …
@@ -130,41 +137,43 @@ fn short(v: &Value) -> String {
 /// JSON with object keys sorted at every level: the same value always hashes the same. Written
 /// straight into one buffer (the fingerprint of every instance is hashed over it).
 pub fn canonical(v: &Value) -> String {
+    let mut out = Vec::new();
+    canonical_into(v, &mut out);
+    String::from_utf8(out).expect("serde_json writes UTF-8")
+}
+
+/// [`canonical`], appended to `out`.
+fn canonical_into(v: &Value, out: &mut Vec<u8>) {
     fn json(x: &(impl Serialize + ?Sized), out: &mut Vec<u8>) {
         serde_json::to_writer(out, x).expect("JSON into memory cannot fail");
     }
-    fn write(v: &Value, out: &mut Vec<u8>) {
-        match v {
-            Value::Object(o) => {
-                let mut entries: Vec<(&String, &Value)> = o.iter().collect();
-                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                out.push(b'{');
-                for (i, (k, x)) in entries.into_iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    json(k.as_str(), out);
-                    out.push(b':');
-                    write(x, out);
+    match v {
+        Value::Object(o) => {
+            let mut entries: Vec<(&String, &Value)> = o.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (k, x)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
                 }
-                out.push(b'}');
+                json(k.as_str(), out);
+                out.push(b':');
+                canonical_into(x, out);
             }
-            Value::Array(a) => {
-                out.push(b'[');
-                for (i, x) in a.iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    write(x, out);
-                }
-                out.push(b']');
-            }
-            other => json(other, out),
+            out.push(b'}');
         }
+        Value::Array(a) => {
+            out.push(b'[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical_into(x, out);
+            }
+            out.push(b']');
+        }
+        other => json(other, out),
     }
-    let mut out = Vec::new();
-    write(v, &mut out);
-    String::from_utf8(out).expect("serde_json writes UTF-8")
 }
 
 impl Compiled {

@@ -65,17 +65,34 @@ pub fn check_rel_path(path: &str) -> Result<(), String> {
 }
 
 pub fn object_dir(fp: &str) -> String {
-    format!("objects/{}/{fp}", &fp[..2.min(fp.len())])
+    key(&["objects", shard(fp), fp])
 }
 
 pub fn manifest_key(fp: &str) -> String {
-    format!("{}/MANIFEST.json", object_dir(fp))
+    key(&["objects", shard(fp), fp, "MANIFEST.json"])
 }
 
 /// Where output `output` of the attempt `attempt` of `fp` lives (`None`: the layout before
 /// attempts, `out/`).
 pub fn output_prefix(fp: &str, attempt: Option<&str>, output: &str) -> String {
-    format!("{}/{}/{output}", object_dir(fp), attempt.unwrap_or("out"))
+    key(&["objects", shard(fp), fp, attempt.unwrap_or("out"), output])
+}
+
+/// The two-letter folder a fingerprint's objects and leases sit in.
+fn shard(fp: &str) -> &str {
+    &fp[..2.min(fp.len())]
+}
+
+/// `parts` joined by `/` (a cache hit builds several keys per instance: no formatting machinery).
+fn key(parts: &[&str]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        out.push_str(p);
+    }
+    out
 }
 
 pub fn attempt_prefix(fp: &str, attempt: &str) -> String {
@@ -83,7 +100,7 @@ pub fn attempt_prefix(fp: &str, attempt: &str) -> String {
 }
 
 pub fn lease_prefix(fp: &str) -> String {
-    format!("leases/{}/{fp}", &fp[..2.min(fp.len())])
+    key(&["leases", shard(fp), fp])
 }
 
 pub fn progress_prefix(fp: &str) -> String {
@@ -137,6 +154,16 @@ mod tests {
         for bad in ["../../x", "a/b", ".hidden", "", &"x".repeat(MAX_NAME_LEN + 1)] {
             assert!(check_component("run id", bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn keys_follow_the_layout() {
+        let fp = "0123456789abcdef0123456789abcdef";
+        assert_eq!(manifest_key(fp), format!("objects/01/{fp}/MANIFEST.json"));
+        assert_eq!(output_prefix(fp, Some("a-0011223344556677"), "trees"), format!("objects/01/{fp}/a-0011223344556677/trees"));
+        assert_eq!(output_prefix(fp, None, "trees"), format!("objects/01/{fp}/out/trees"));
+        assert_eq!(lease_prefix(fp), format!("leases/01/{fp}"));
+        assert_eq!(object_dir("a"), "objects/a/a", "a short name does not panic");
     }
 
     #[test]

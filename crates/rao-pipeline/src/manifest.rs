@@ -123,32 +123,28 @@ pub async fn check_sizes(store: &Store, m: &Manifest) -> StoreResult<Result<(), 
         if files.is_empty() {
             continue;
         }
-        let found: BTreeMap<String, u64> = match store.local_root() {
-            Some(_) => {
-                let mut found = BTreeMap::new();
-                for f in files {
-                    if let Some(path) = store.local_path(&m.file_key(output, &f.path))
-                        && let Ok(meta) = std::fs::metadata(&path)
-                    {
-                        found.insert(f.path.clone(), meta.len());
-                    }
-                }
-                found
-            }
+        // Locally a stat per file in the output's folder; in a bucket one listing per output.
+        let dir = store.local_root().map(|root| root.join(m.output_prefix(output)));
+        let listed: BTreeMap<String, u64> = match dir {
+            Some(_) => BTreeMap::new(),
             None => {
-                let prefix = m.output_prefix(output);
+                let prefix = format!("{}/", m.output_prefix(output));
                 store
-                    .list(&format!("{prefix}/"))
+                    .list(&prefix)
                     .await?
                     .into_iter()
-                    .filter_map(|(key, size)| key.strip_prefix(&format!("{prefix}/")).map(|p| (p.to_string(), size)))
+                    .filter_map(|(key, size)| Some((key.strip_prefix(&prefix)?.to_string(), size)))
                     .collect()
             }
         };
         for f in files {
-            match found.get(&f.path) {
+            let size = match &dir {
+                Some(dir) => std::fs::metadata(dir.join(&f.path)).ok().map(|meta| meta.len()),
+                None => listed.get(&f.path).copied(),
+            };
+            match size {
                 None => return Ok(Err(format!("output `{output}`: file `{}` is missing", f.path))),
-                Some(&size) if size != f.size => {
+                Some(size) if size != f.size => {
                     return Ok(Err(format!("output `{output}`: file `{}` has {size} bytes, the manifest says {}", f.path, f.size)));
                 }
                 Some(_) => {}

@@ -76,8 +76,7 @@ pub struct RunRecord {
     pub overrides: Vec<String>,
     /// The pipeline as resolved; written redacted (`secrets::Redacted`), so a record read back
     /// holds the redacted values.
-    #[serde(serialize_with = "crate::secrets::serialize_redacted")]
-    pub resolved: serde_json::Value,
+    pub resolved: crate::resolved::RecordedPipeline,
     /// What `RunOptions::code_version` said (reports show which code measured what).
     #[serde(default)]
     pub code_version: String,

@@ -165,7 +165,7 @@ impl Scheduler {
             store: store.url().to_string(),
             executor: executor.name().to_string(),
             overrides: run_record::redact_overrides(&c.overrides),
-            resolved: c.resolved.clone(),
+            resolved: c.resolved.for_record(),
             code_version: opts.code_version.clone(),
             host: crate::lease::host_name(),
             pid: std::process::id(),

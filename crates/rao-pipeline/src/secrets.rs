@@ -84,11 +84,6 @@ fn keeps(key: &str, v: &Value) -> bool {
 /// made: a run record writes the whole pipeline at the run's start and at its end.
 pub struct Redacted<'a>(pub &'a Value);
 
-/// `#[serde(serialize_with)]` for a value written as [`Redacted`].
-pub fn serialize_redacted<S: serde::Serializer>(v: &Value, s: S) -> Result<S::Ok, S::Error> {
-    serde::Serialize::serialize(&Redacted(v), s)
-}
-
 impl serde::Serialize for Redacted<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{SerializeMap, SerializeSeq};

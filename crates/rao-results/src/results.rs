@@ -147,7 +147,7 @@ impl RunResults {
         for i in instances.iter().filter(|i| i.kind == "evaluate" && i.iteration().is_none()) {
             evaluations.push(load_evaluation(store, i).await?);
         }
-        let resolved = record.as_ref().map(|r| r["resolved"].clone()).unwrap_or_else(|| c.resolved.clone());
+        let resolved = record.as_ref().map(|r| r["resolved"].clone()).unwrap_or_else(|| (*c.resolved).clone());
         Ok(RunResults {
             pipeline: c.name.clone(),
             file: c.file.display().to_string(),

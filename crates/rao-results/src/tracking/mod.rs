@@ -35,8 +35,7 @@ impl Target {
     }
 
     /// The `tracking:` block of a resolved pipeline (`{mlflow: URL, tensorboard: DIR, experiment: NAME}`).
-    pub fn from_pipeline(resolved: &Value, base: &Path) -> Vec<Target> {
-        let t = &resolved["tracking"];
+    pub fn from_section(t: &Value, base: &Path) -> Vec<Target> {
         let mut out = Vec::new();
         if let Some(dir) = t["tensorboard"].as_str() {
             out.push(Target::TensorBoard(base.join(dir)));
