@@ -3,6 +3,7 @@
 //! and deterministic checkpoints; Hugging Face Llama/Qwen checkpoints as policies (`hf`). The only
 //! crate that depends on Burn.
 
+pub mod chunking;
 pub mod hf;
 pub mod kernels;
 pub mod lora;

@@ -11,6 +11,7 @@ use rao_envs::rng::Rng;
 use rao_envs::vocab::{EOS, PAD, Tok};
 use serde::{Deserialize, Serialize};
 
+use crate::chunking;
 use crate::lora::{self, LoraConfig};
 use crate::model::{KvCache, LayerKv, ModelConfig, Transformer, init_params};
 use crate::params::{AdamW, bytes_to_f32s, f32s_to_bytes, param_shapes, read_grads_where, read_params_where, write_params_where};
@@ -345,19 +346,27 @@ impl Policy {
         &self,
         reqs: &[SampleRequest],
         cache: Option<(&mut PrefixCache, &[usize])>,
-        choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32) + Send,
+        mut choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32) + Send,
     ) -> Vec<(Vec<Tok>, Vec<f32>)> {
-        on_compute_pool(|| self.decode_here(reqs, cache, choose))
+        on_compute_pool(|| self.decode_here(reqs, cache, &mut choose))
     }
 
     fn decode_here(
         &self,
         reqs: &[SampleRequest],
         mut prefixes: Option<(&mut PrefixCache, &[usize])>,
-        mut choose: impl FnMut(usize, &[f32], &[Tok]) -> (Tok, f32),
+        choose: &mut (dyn FnMut(usize, &[f32], &[Tok]) -> (Tok, f32) + Send),
     ) -> Vec<(Vec<Tok>, Vec<f32>)> {
         if reqs.is_empty() {
             return vec![];
+        }
+        let sizes: Vec<(usize, usize)> = reqs.iter().map(|r| (r.context.len() + r.max_new_tokens, 1)).collect();
+        if let Some(runs) = self.gpu_runs(&sizes) {
+            // No prefix cache off the CPU (below), so each run decodes alone.
+            return runs
+                .into_iter()
+                .flat_map(|r| self.decode_here(&reqs[r.clone()], None, &mut |i, l, p| choose(r.start + i, l, p)))
+                .collect();
         }
         if !crate::kernels::serves(&self.device) {
             prefixes = None; // a cache of host rows needs the fused kernels
@@ -595,6 +604,9 @@ impl Policy {
     }
 
     fn sequence_logprobs_here(&self, seqs: &[Sequence], grammar: &dyn Grammar, temperature: f64) -> Vec<Vec<f32>> {
+        if let Some(runs) = self.gpu_runs(&sequence_sizes(seqs)) {
+            return runs.into_iter().flat_map(|r| self.sequence_logprobs_here(&seqs[r], grammar, temperature)).collect();
+        }
         let model = self.model.valid();
         let batch = self.batch(seqs, grammar, &self.device);
         let lp = Self::token_logprobs(&model, &batch, temperature);
@@ -646,15 +658,75 @@ impl Policy {
     }
 
     fn train_step_here(&mut self, seqs: &[Sequence], grammar: &dyn Grammar, loss: Loss, lr: f64, temperature: f64) -> StepMetrics {
-        let (total, mut m) = self.loss(seqs, grammar, loss, temperature);
-        m.loss = total.clone().into_scalar::<f32>() as f64;
-        let grads = total.backward();
-        let g = read_grads_where(&self.model, &grads, Some(&self.trainable));
+        let (mut m, g) = match self.gpu_runs(&sequence_sizes(seqs)) {
+            Some(runs) => self.gradients_by_runs(seqs, &runs, grammar, loss, temperature),
+            None => {
+                let (total, mut m) = self.loss(seqs, grammar, loss, temperature);
+                m.loss = total.clone().into_scalar::<f32>() as f64;
+                let grads = total.backward();
+                (m, read_grads_where(&self.model, &grads, Some(&self.trainable)))
+            }
+        };
         let mut params = self.trainable_params();
         m.grad_norm = self.optim.update(&mut params, &g, lr);
         self.model = write_params_where(self.model.clone(), Some(&self.trainable), &params);
         m
     }
+
+    /// The whole batch's loss gradients (trainable parameters, visit order), summed over runs of
+    /// it (see [`crate::chunking`]): each run's mean loss weighted by its share of the generated
+    /// tokens. What a training step on a GPU does with a batch too large for one pass.
+    pub fn gradients_by_runs(
+        &self,
+        seqs: &[Sequence],
+        runs: &[std::ops::Range<usize>],
+        grammar: &dyn Grammar,
+        loss: Loss,
+        temperature: f64,
+    ) -> (StepMetrics, Vec<Vec<f32>>) {
+        let tokens = |s: &[Sequence]| sequence_sizes(s).iter().map(|&(_, n)| n).sum::<usize>();
+        let all = tokens(seqs).max(1) as f64;
+        let mut m = StepMetrics { sequences: seqs.len(), ..Default::default() };
+        let mut sum: Vec<Vec<f32>> = Vec::new();
+        for run in runs {
+            let part = &seqs[run.clone()];
+            let share = tokens(part) as f64 / all;
+            if share == 0.0 {
+                continue;
+            }
+            let (total, rm) = self.loss(part, grammar, loss, temperature);
+            let total = total * share;
+            m.loss += total.clone().into_scalar::<f32>() as f64;
+            m.mean_abs_ratio_minus_1 += rm.mean_abs_ratio_minus_1 * share;
+            m.clip_fraction += rm.clip_fraction * share;
+            m.tokens += rm.tokens;
+            let g = read_grads_where(&self.model, &total.backward(), Some(&self.trainable));
+            if sum.is_empty() {
+                sum = g;
+            } else {
+                sum.iter_mut().zip(&g).for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(x, y)| *x += y));
+            }
+        }
+        if sum.is_empty() {
+            sum = self.trainable_params().iter().map(|p| vec![0.0; p.len()]).collect();
+        }
+        (m, sum)
+    }
+
+    /// On a GPU backend, the runs a batch of `items` (positions, logit rows) is cut into when one
+    /// forward over all of it would outgrow a buffer; `None` when it goes whole (always on the CPU).
+    fn gpu_runs(&self, items: &[(usize, usize)]) -> Option<Vec<std::ops::Range<usize>>> {
+        if crate::kernels::on_host(&self.device) {
+            return None;
+        }
+        let runs = chunking::runs_within(&self.cfg, items, chunking::GPU_TENSOR_BYTES);
+        (runs.len() > 1).then_some(runs)
+    }
+}
+
+/// Each sequence's forward positions and generated tokens (the rows its loss reads).
+fn sequence_sizes(seqs: &[Sequence]) -> Vec<(usize, usize)> {
+    seqs.iter().map(|s| (s.tokens.len().saturating_sub(1), s.generated.iter().skip(1).filter(|g| **g).count())).collect()
 }
 
 /// Runs `f` on a thread of the compute pool (rayon's, which Flex and the kernels share) rather

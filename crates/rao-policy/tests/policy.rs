@@ -243,3 +243,26 @@ fn on_policy_ratio_is_one() {
     assert!(m.mean_abs_ratio_minus_1 < 1e-4, "{}", m.mean_abs_ratio_minus_1);
     assert_eq!(m.clip_fraction, 0.0);
 }
+
+/// What a GPU backend does with a batch too large for one pass (`rao_policy::chunking`): the
+/// loss gradients summed over runs of the batch are the whole batch's.
+#[test]
+fn gradients_summed_over_runs_of_a_batch_are_the_whole_batchs() {
+    let (world, grammar, policy) = setup();
+    let reqs = requests(&world);
+    let outs = policy.sample(&reqs, &grammar, 1.0);
+    let mut seqs = as_sequences(&reqs, &outs, 0.5);
+    for (k, s) in seqs.iter_mut().enumerate() {
+        s.advantage = [0.5, -1.0, 0.25, 2.0, -0.75][k];
+    }
+    let loss = Loss::Cispo { lo: 0.0, hi: 5.0 };
+    let (whole_m, whole) = policy.gradients_by_runs(&seqs, &[0..seqs.len()], &grammar, loss, 1.0);
+    let (runs_m, runs) = policy.gradients_by_runs(&seqs, &[0..2, 2..3, 3..seqs.len()], &grammar, loss, 1.0);
+    assert!((whole_m.loss - runs_m.loss).abs() < 1e-6, "{} vs {}", whole_m.loss, runs_m.loss);
+    assert_eq!(whole_m.tokens, runs_m.tokens);
+    let scale = whole.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+    assert!(scale > 0.0);
+    for (a, b) in whole.iter().flatten().zip(runs.iter().flatten()) {
+        assert!((a - b).abs() <= 1e-5 * scale, "{a} vs {b}");
+    }
+}

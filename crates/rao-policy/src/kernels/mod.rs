@@ -47,7 +47,12 @@ pub(crate) fn fused<const D: usize>(t: &Tensor<D>) -> bool {
 /// Whether forward passes of f32 tensors on `device` take the fused kernels (and so keep a KV
 /// cache as host rows).
 pub fn serves(device: &burn::tensor::Device) -> bool {
-    enabled() && matches!(device.as_dispatch().clone().inner(), DispatchDevice::Flex(_))
+    enabled() && on_host(device)
+}
+
+/// Whether `device` is the CPU (Burn's Flex backend), with or without the fused kernels.
+pub fn on_host(device: &burn::tensor::Device) -> bool {
+    matches!(device.as_dispatch().clone().inner(), DispatchDevice::Flex(_))
 }
 
 /// RMSNorm of the rows of `x: [N, D]` (same as `norm.forward(x)`).
