@@ -355,7 +355,7 @@ impl Policy {
         &self,
         reqs: &[SampleRequest],
         mut prefixes: Option<(&mut PrefixCache, &[usize])>,
-        choose: &mut (dyn FnMut(usize, &[f32], &[Tok]) -> (Tok, f32) + Send),
+        choose: &mut Choose<'_>,
     ) -> Vec<(Vec<Tok>, Vec<f32>)> {
         if reqs.is_empty() {
             return vec![];
@@ -728,6 +728,10 @@ impl Policy {
 fn sequence_sizes(seqs: &[Sequence]) -> Vec<(usize, usize)> {
     seqs.iter().map(|s| (s.tokens.len().saturating_sub(1), s.generated.iter().skip(1).filter(|g| **g).count())).collect()
 }
+
+/// How the decoding loop picks a row's next token and its log-prob: `(row, last logits, tokens
+/// so far)`.
+type Choose<'a> = dyn FnMut(usize, &[f32], &[Tok]) -> (Tok, f32) + Send + 'a;
 
 /// Runs `f` on a thread of the compute pool (rayon's, which Flex and the kernels share) rather
 /// than beside it: the caller would otherwise be one thread more than there are cores, and each

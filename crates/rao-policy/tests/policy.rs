@@ -256,7 +256,8 @@ fn gradients_summed_over_runs_of_a_batch_are_the_whole_batchs() {
         s.advantage = [0.5, -1.0, 0.25, 2.0, -0.75][k];
     }
     let loss = Loss::Cispo { lo: 0.0, hi: 5.0 };
-    let (whole_m, whole) = policy.gradients_by_runs(&seqs, &[0..seqs.len()], &grammar, loss, 1.0);
+    let whole_batch = 0..seqs.len();
+    let (whole_m, whole) = policy.gradients_by_runs(&seqs, std::slice::from_ref(&whole_batch), &grammar, loss, 1.0);
     let (runs_m, runs) = policy.gradients_by_runs(&seqs, &[0..2, 2..3, 3..seqs.len()], &grammar, loss, 1.0);
     assert!((whole_m.loss - runs_m.loss).abs() < 1e-6, "{} vs {}", whole_m.loss, runs_m.loss);
     assert_eq!(whole_m.tokens, runs_m.tokens);
