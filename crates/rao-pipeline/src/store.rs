@@ -362,16 +362,26 @@ mod local {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::NotADirectory => continue,
                 Err(e) => return Err(e),
             };
+            // An entry deleted between the listing and its stat (another run removing an old
+            // lease generation, say) was simply not there.
+            let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
             for e in entries {
                 let e = e?;
-                let ty = e.file_type()?;
+                let ty = match e.file_type() {
+                    Err(err) if gone(&err) => continue,
+                    ty => ty?,
+                };
                 let name = e.file_name().to_string_lossy().to_string();
                 if ty.is_dir() {
                     stack.push(e.path());
                 } else if ty.is_file() && !name.contains(TEMP_MARK) && !name.contains('#') {
                     // Symbolic links and other special files are not objects: skipped.
                     if let Ok(rel) = e.path().strip_prefix(root) {
-                        out.push((rel.to_string_lossy().replace('\\', "/"), e.metadata()?.len()));
+                        let len = match e.metadata() {
+                            Err(err) if gone(&err) => continue,
+                            meta => meta?.len(),
+                        };
+                        out.push((rel.to_string_lossy().replace('\\', "/"), len));
                     }
                 }
             }
@@ -387,6 +397,32 @@ mod tests {
 
     fn block<T>(f: impl std::future::Future<Output = T>) -> T {
         tokio::runtime::Builder::new_current_thread().build().expect("a runtime").block_on(f)
+    }
+
+    /// Concurrent runs delete old lease generations while others list them: a file removed
+    /// between the directory read and its stat is left out, never an error.
+    #[test]
+    fn listing_a_folder_whose_files_come_and_go_never_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let leases = dir.path().join("leases/ab");
+        std::fs::create_dir_all(&leases).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (leases, stop) = (leases.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut g = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    g += 1;
+                    std::fs::write(leases.join(format!("g{g:012}.json")), b"{}").unwrap();
+                    let _ = std::fs::remove_file(leases.join(format!("g{:012}.json", g.saturating_sub(1))));
+                }
+            })
+        };
+        for _ in 0..3000 {
+            local::list(dir.path(), &leases).expect("a listing never fails on a vanished file");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
     }
 
     #[test]
