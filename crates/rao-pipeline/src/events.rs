@@ -98,34 +98,93 @@ pub enum Event {
 
 /// Where events go; cheap to clone.
 #[derive(Clone)]
-pub struct Reporter(Arc<dyn Fn(&Event) + Send + Sync>);
+pub struct Reporter {
+    emit: Arc<dyn Fn(&Event) + Send + Sync>,
+    /// What the reporter holds back, written out by `flush` (see `HeldLines`).
+    held: Option<Arc<HeldLines>>,
+}
 
 /// How often plain output repeats a running stage's progress (a log, not an animation).
 const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
+/// Output lines waiting to be written. A cache hit's line waits for the next other event (or an
+/// explicit `Reporter::flush`), so a fully cached run of a hundred stages writes its lines in one
+/// system call instead of a hundred; every other line goes out at once, with those before it.
+pub struct HeldLines {
+    held: Mutex<Vec<u8>>,
+    write: fn(&[u8]),
+}
+
+impl HeldLines {
+    fn new(write: fn(&[u8])) -> Arc<Self> {
+        Arc::new(HeldLines { held: Mutex::new(Vec::new()), write })
+    }
+    fn push(&self, line: &str, hold: bool) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.extend_from_slice(line.as_bytes());
+        held.push(b'\n');
+        if !hold {
+            (self.write)(&held);
+            held.clear();
+        }
+    }
+    fn flush(&self) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if !held.is_empty() {
+            (self.write)(&held);
+            held.clear();
+        }
+    }
+}
+
+impl Drop for HeldLines {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+// A closed stream (`rao run --json | head`) stops the events, not the run.
+fn write_stdout(bytes: &[u8]) {
+    use std::io::Write;
+    let _ = std::io::stdout().lock().write_all(bytes);
+}
+fn write_stderr(bytes: &[u8]) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(bytes);
+}
+
 impl Reporter {
     pub fn new(f: impl Fn(&Event) + Send + Sync + 'static) -> Self {
-        Reporter(Arc::new(f))
+        Reporter { emit: Arc::new(f), held: None }
     }
     pub fn emit(&self, e: Event) {
-        (self.0)(&e)
+        (self.emit)(&e)
+    }
+    /// Write out held-back lines now (the scheduler calls it before it waits, and at its end).
+    pub fn flush(&self) {
+        if let Some(h) = &self.held {
+            h.flush();
+        }
     }
     pub fn silent() -> Self {
         Reporter::new(|_| {})
     }
     /// One JSON object per line on stdout.
     pub fn json() -> Self {
-        // A closed stdout (`rao run --json | head`) stops the events, not the run.
-        Reporter::new(|e| {
-            use std::io::Write;
-            let _ = writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(e).expect("events serialise"));
-        })
+        let lines = HeldLines::new(write_stdout);
+        let held = lines.clone();
+        Reporter {
+            emit: Arc::new(move |e| held.push(&serde_json::to_string(e).expect("events serialise"), matches!(e, Event::Cached { .. }))),
+            held: Some(lines),
+        }
     }
     /// Human lines on stderr; a running stage's progress at most every ten seconds.
     pub fn plain() -> Self {
         let t0 = Instant::now();
         let last_progress: Mutex<HashMap<String, Instant>> = Mutex::new(HashMap::new());
-        Reporter::new(move |e| {
+        let lines = HeldLines::new(write_stderr);
+        let held = lines.clone();
+        let emit = move |e: &Event| {
             if let Event::Progress { instance, .. } = e {
                 let mut last = last_progress.lock().unwrap_or_else(|p| p.into_inner());
                 let now = Instant::now();
@@ -136,12 +195,10 @@ impl Reporter {
             }
             let t = t0.elapsed().as_secs_f64();
             if let Some(line) = human_line(e) {
-                use std::io::Write;
-                // One write per line: stderr is unbuffered, and `writeln!` would write each
-                // formatted piece separately (ten system calls per line).
-                let _ = std::io::stderr().write_all(format!("[{t:7.2}s] {line}\n").as_bytes());
+                held.push(&format!("[{t:7.2}s] {line}"), matches!(e, Event::Cached { .. }));
             }
-        })
+        };
+        Reporter { emit: Arc::new(emit), held: Some(lines) }
     }
     /// Progress bars when stderr is a terminal, plain lines otherwise.
     pub fn auto() -> Self {
@@ -202,6 +259,36 @@ pub fn human_line(e: &Event) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        static WRITES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    fn record(bytes: &[u8]) {
+        WRITES.with(|w| w.borrow_mut().push(String::from_utf8_lossy(bytes).into_owned()));
+    }
+    fn writes() -> Vec<String> {
+        WRITES.with(|w| w.borrow_mut().drain(..).collect())
+    }
+
+    /// Held lines go out in order, in one write, with the next line that is not held, or at a
+    /// flush, or when the last reporter goes away; nothing is written twice or lost.
+    #[test]
+    fn held_lines_are_written_in_order_with_the_next_line_at_a_flush_or_at_the_end() {
+        let lines = HeldLines::new(record);
+        lines.push("cached a", true);
+        lines.push("cached b", true);
+        assert!(writes().is_empty());
+        lines.push("start c", false);
+        assert_eq!(writes(), vec!["cached a\ncached b\nstart c\n"]);
+        lines.flush();
+        assert!(writes().is_empty(), "an empty flush writes nothing");
+        lines.push("cached d", true);
+        lines.flush();
+        assert_eq!(writes(), vec!["cached d\n"]);
+        lines.push("cached e", true);
+        drop(lines);
+        assert_eq!(writes(), vec!["cached e\n"]);
+    }
 
     #[test]
     fn stage_of_strips_iteration_and_matrix() {

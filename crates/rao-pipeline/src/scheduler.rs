@@ -79,9 +79,15 @@ pub fn new_run_id() -> String {
 /// Run a compiled pipeline against a store.
 pub async fn run(c: Arc<Compiled>, executor: Arc<dyn Executor>, store: &Store, opts: RunOptions) -> Result<RunRecord, RunError> {
     let mut s = Scheduler::new(c, executor, store.clone(), opts)?;
-    s.start().await?;
-    s.drive().await?;
-    Ok(s.finish().await)
+    let reporter = s.opts.reporter.clone();
+    let ran = async {
+        s.start().await?;
+        s.drive().await?;
+        Ok(s.finish().await)
+    }
+    .await;
+    reporter.flush();
+    ran
 }
 
 /// The state of one run.
@@ -488,6 +494,7 @@ impl Scheduler {
             if self.running.is_empty() {
                 return Ok(());
             }
+            self.opts.reporter.flush();
             tokio::select! {
                 r = self.running.join_next() => match r {
                     Some(Ok((i, result))) => self.on_finished(i, result),

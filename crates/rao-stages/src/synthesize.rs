@@ -88,6 +88,17 @@ impl WorldSpec {
 pub struct Synthesize;
 
 impl TypedStage for Synthesize {
+    /// A misspelt preset is caught by `rao validate`, not when the stage runs.
+    fn check(p: &SynthesizeParams, _inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
+        match p.world.config() {
+            Ok(_) => Vec::new(),
+            Err(e) => vec![rao_pipeline::ParamError {
+                key: Some("world".into()),
+                message: e.to_string(),
+                help: Some("or give the world's shape itself as a map (`domains`, `max_tier`, `base_per_domain`, …: `SynthConfig` in the JSON Schema)".into()),
+            }],
+        }
+    }
     fn code() -> &'static str {
         crate::code::of("synthesize")
     }
