@@ -124,23 +124,19 @@ pub async fn check_sizes(store: &Store, m: &Manifest) -> StoreResult<Result<(), 
             continue;
         }
         // Locally a stat per file in the output's folder; in a bucket one listing per output.
-        let dir = store.local_root().map(|root| root.join(m.output_prefix(output)));
-        let listed: BTreeMap<String, u64> = match dir {
-            Some(_) => BTreeMap::new(),
+        let prefix = m.output_prefix(output);
+        let listed: Option<BTreeMap<String, u64>> = match store.local_root() {
+            Some(_) => None,
             None => {
-                let prefix = format!("{}/", m.output_prefix(output));
-                store
-                    .list(&prefix)
-                    .await?
-                    .into_iter()
-                    .filter_map(|(key, size)| Some((key.strip_prefix(&prefix)?.to_string(), size)))
-                    .collect()
+                let prefix = format!("{prefix}/");
+                let found = store.list(&prefix).await?;
+                Some(found.into_iter().filter_map(|(key, size)| Some((key.strip_prefix(&prefix)?.to_string(), size))).collect())
             }
         };
         for f in files {
-            let size = match &dir {
-                Some(dir) => std::fs::metadata(dir.join(&f.path)).ok().map(|meta| meta.len()),
-                None => listed.get(&f.path).copied(),
+            let size = match &listed {
+                Some(listed) => listed.get(&f.path).copied(),
+                None => store.local_file_size(&format!("{prefix}/{}", f.path)).and_then(Result::ok),
             };
             match size {
                 None => return Ok(Err(format!("output `{output}`: file `{}` is missing", f.path))),

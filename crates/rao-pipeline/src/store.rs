@@ -71,6 +71,9 @@ pub struct Store {
     url: String,
     /// For a local directory store: its root, so local tools can read artifacts in place.
     local_root: Option<PathBuf>,
+    /// The same root held open: reads and size checks name files relative to it, so the kernel
+    /// does not walk the root's own path again for every manifest of a cached run.
+    local_dir: Option<Arc<local::Dir>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -102,10 +105,11 @@ impl Store {
                 prefix: Path::default(),
                 url: url.to_string(),
                 local_root: None,
+                local_dir: None,
             }),
             Some(s) if is_cloud_scheme(s) => {
                 let (inner, prefix) = open_cloud(url).map_err(err)?;
-                Ok(Store { inner, prefix, url: url.to_string(), local_root: None })
+                Ok(Store { inner, prefix, url: url.to_string(), local_root: None, local_dir: None })
             }
             Some("file") => {
                 let parsed = url::Url::parse(url).map_err(|e| err(e.to_string()))?;
@@ -126,13 +130,20 @@ impl Store {
         let err = |m: String| StoreError::Open { url: url.to_string(), message: m };
         if access == Access::ReadOnly && !path.exists() {
             let inner = Arc::new(object_store::memory::InMemory::new());
-            return Ok(Store { inner, prefix: Path::default(), url: url.to_string(), local_root: None });
+            return Ok(Store { inner, prefix: Path::default(), url: url.to_string(), local_root: None, local_dir: None });
         }
         std::fs::create_dir_all(path).map_err(|e| err(format!("cannot create directory {}: {e}", path.display())))?;
         let root = path.canonicalize().map_err(|e| err(format!("{}: {e}", path.display())))?;
         let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
             .map_err(|e| StoreError::Open { url: url.to_string(), message: e.to_string() })?;
-        Ok(Store { inner: Arc::new(fs), prefix: Path::default(), url: url.to_string(), local_root: Some(root) })
+        let dir = local::Dir::open(&root).map_err(|e| err(format!("{}: {e}", root.display())))?;
+        Ok(Store {
+            inner: Arc::new(fs),
+            prefix: Path::default(),
+            url: url.to_string(),
+            local_root: Some(root),
+            local_dir: Some(Arc::new(dir)),
+        })
     }
 
     pub fn url(&self) -> &str {
@@ -153,8 +164,18 @@ impl Store {
     /// `.`, empty or absolute segments): the direct file-system paths below never leave the root.
     /// Other keys go through object_store, which refuses them.
     fn plain_local_path(&self, key: &str) -> Option<PathBuf> {
-        let plain = !key.is_empty() && key.split('/').all(|seg| !seg.is_empty() && seg != "." && seg != ".." && !seg.contains('\\'));
-        if plain { self.local_path(key) } else { None }
+        if is_plain(key) { self.local_path(key) } else { None }
+    }
+
+    /// The open root of a local store, for keys made only of plain names (as `plain_local_path`).
+    fn plain_local_dir(&self, key: &str) -> Option<&local::Dir> {
+        self.local_dir.as_deref().filter(|_| is_plain(key))
+    }
+
+    /// The size of the file at `key` in a local store (following links, as `std::fs::metadata`);
+    /// `None` for other stores and for keys that are not plain names.
+    pub fn local_file_size(&self, key: &str) -> Option<std::io::Result<u64>> {
+        self.plain_local_dir(key).map(|dir| dir.size(key))
     }
 
     fn path(&self, key: &str) -> Path {
@@ -180,8 +201,8 @@ impl Store {
     pub async fn get(&self, key: &str) -> StoreResult<Bytes> {
         // A local store is read directly: object_store hops to a blocking thread per read, which
         // dominates a fully cached run of many small stages.
-        if let Some(path) = self.plain_local_path(key) {
-            return local::read_whole(&path).map(Bytes::from).map_err(|e| StoreError::io(key, &path, e));
+        if let Some(dir) = self.plain_local_dir(key) {
+            return dir.read(key).map(Bytes::from).map_err(|e| StoreError::io(key, &self.local_path(key).unwrap_or_default(), e));
         }
         let map = |e| StoreError::object(key, e);
         self.inner.get(&self.path(key)).await.map_err(map)?.bytes().await.map_err(map)
@@ -298,6 +319,12 @@ pub fn open_cloud(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), String> {
     Ok((store, path))
 }
 
+/// A key made only of plain names (no `..`, `.`, empty or absolute segments): joined to a local
+/// root, it never leaves it.
+fn is_plain(key: &str) -> bool {
+    !key.is_empty() && key.split('/').all(|seg| !seg.is_empty() && seg != "." && seg != ".." && !seg.contains('\\'))
+}
+
 pub use crate::layout::{manifest_key, object_dir};
 pub use crate::manifest::{FileEntry, Manifest};
 
@@ -318,20 +345,82 @@ mod local {
     /// Temporary files carry this in their name; listings skip them.
     const TEMP_MARK: &str = ".rao-tmp.";
 
-    /// A whole file with one system call fewer than `std::fs::read` for the small objects most
-    /// reads are (manifests: a fully cached run reads one per stage): no `fstat` for a size
-    /// hint unless the first read fills its buffer, and no zeroing of the buffer.
-    pub fn read_whole(path: &Path) -> std::io::Result<Vec<u8>> {
-        use std::io::Read;
-        const FIRST_READ: usize = 16 << 10;
-        let mut file = std::fs::File::open(path)?;
-        let mut buf = Vec::with_capacity(FIRST_READ);
-        // Through `Take`, not `File`: a `File` asks the file system for its size first.
-        (&mut file).take(FIRST_READ as u64).read_to_end(&mut buf)?;
-        if buf.len() == FIRST_READ {
-            file.read_to_end(&mut buf)?;
+    /// A local store's root directory, held open; files are named relative to it. Callers pass
+    /// only plain relative names (`is_plain`), so nothing resolves outside the root.
+    pub struct Dir {
+        #[cfg(unix)]
+        fd: std::os::fd::OwnedFd,
+        #[cfg(not(unix))]
+        root: std::path::PathBuf,
+    }
+
+    impl Dir {
+        #[cfg(unix)]
+        pub fn open(root: &Path) -> std::io::Result<Dir> {
+            use std::os::unix::fs::OpenOptionsExt;
+            // O_PATH: a handle to name files by, not one to read the directory through.
+            let dir = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(root)?;
+            Ok(Dir { fd: dir.into() })
         }
-        Ok(buf)
+        #[cfg(not(unix))]
+        pub fn open(root: &Path) -> std::io::Result<Dir> {
+            Ok(Dir { root: root.to_path_buf() })
+        }
+
+        #[cfg(unix)]
+        fn open_file(&self, rel: &str) -> std::io::Result<std::fs::File> {
+            use std::os::fd::{AsRawFd, FromRawFd};
+            let name = c_name(rel)?;
+            // SAFETY: `name` is a NUL-terminated string that outlives the call; a returned
+            // descriptor is owned by nothing else and is handed to the `File`.
+            let fd = unsafe { libc::openat(self.fd.as_raw_fd(), name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+        }
+        #[cfg(not(unix))]
+        fn open_file(&self, rel: &str) -> std::io::Result<std::fs::File> {
+            std::fs::File::open(self.root.join(rel))
+        }
+
+        /// A whole file with one system call fewer than `std::fs::read` for the small objects
+        /// most reads are (manifests: a fully cached run reads one per stage): no `fstat` for a
+        /// size hint unless the first read fills its buffer, and no zeroing of the buffer.
+        pub fn read(&self, rel: &str) -> std::io::Result<Vec<u8>> {
+            use std::io::Read;
+            const FIRST_READ: usize = 16 << 10;
+            let mut file = self.open_file(rel)?;
+            let mut buf = Vec::with_capacity(FIRST_READ);
+            // Through `Take`, not `File`: a `File` asks the file system for its size first.
+            (&mut file).take(FIRST_READ as u64).read_to_end(&mut buf)?;
+            if buf.len() == FIRST_READ {
+                file.read_to_end(&mut buf)?;
+            }
+            Ok(buf)
+        }
+
+        /// The size of a file, following links.
+        #[cfg(unix)]
+        pub fn size(&self, rel: &str) -> std::io::Result<u64> {
+            use std::os::fd::AsRawFd;
+            let name = c_name(rel)?;
+            let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+            // SAFETY: `name` is NUL-terminated and `st` is written by the call before it is read.
+            if unsafe { libc::fstatat(self.fd.as_raw_fd(), name.as_ptr(), st.as_mut_ptr(), 0) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(unsafe { st.assume_init() }.st_size as u64)
+        }
+        #[cfg(not(unix))]
+        pub fn size(&self, rel: &str) -> std::io::Result<u64> {
+            Ok(std::fs::metadata(self.root.join(rel))?.len())
+        }
+    }
+
+    #[cfg(unix)]
+    fn c_name(rel: &str) -> std::io::Result<std::ffi::CString> {
+        std::ffi::CString::new(rel).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL byte in a file name"))
     }
 
     pub fn write_whole(path: &Path, bytes: &[u8], mode: Mode) -> std::io::Result<bool> {
@@ -442,7 +531,7 @@ mod tests {
     }
 
     /// Reads around the first buffer's size (empty, one byte short, exact, one over, many times
-    /// over) give the file's bytes, as `std::fs::read` does.
+    /// over) and below sub-folders give the file's bytes and size, as `std::fs` does.
     #[test]
     fn reading_a_whole_local_file_gives_its_bytes_at_every_size() {
         let dir = tempfile::tempdir().unwrap();
@@ -450,9 +539,17 @@ mod tests {
             let bytes: Vec<u8> = (0..size).map(|i| (i * 7 + i / 251) as u8).collect();
             let path = dir.path().join(format!("f{size}"));
             std::fs::write(&path, &bytes).unwrap();
-            assert_eq!(local::read_whole(&path).unwrap(), bytes, "size {size}");
+            let root = local::Dir::open(dir.path()).unwrap();
+            assert_eq!(root.read(&format!("f{size}")).unwrap(), bytes, "size {size}");
+            assert_eq!(root.size(&format!("f{size}")).unwrap(), size as u64, "size {size}");
         }
-        assert_eq!(local::read_whole(&dir.path().join("missing")).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/b/nested"), b"deep").unwrap();
+        let root = local::Dir::open(dir.path()).unwrap();
+        assert_eq!(root.read("a/b/nested").unwrap(), b"deep");
+        assert_eq!(root.size("a/b/nested").unwrap(), 4);
+        assert_eq!(root.read("missing").unwrap_err().kind(), std::io::ErrorKind::NotFound);
+        assert_eq!(root.size("missing").unwrap_err().kind(), std::io::ErrorKind::NotFound);
     }
 
     #[test]
