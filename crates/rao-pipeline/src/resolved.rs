@@ -137,8 +137,14 @@ mod tests {
             resolved: RecordedPipeline,
         }
         let written = serde_json::to_string_pretty(&Record { run: 1, resolved: cached.for_record() }).unwrap();
-        let expected =
-            serde_json::to_string_pretty(&serde_json::json!({"run": 1, "resolved": serde_json::to_value(Redacted(&v)).unwrap()})).unwrap();
+        // Serialised in place as a struct field too: a `json!` map would order the keys as
+        // serde_json's features say, which differ between `-p rao-pipeline` and the workspace.
+        #[derive(Serialize)]
+        struct InPlace<'a> {
+            run: u32,
+            resolved: Redacted<'a>,
+        }
+        let expected = serde_json::to_string_pretty(&InPlace { run: 1, resolved: Redacted(&v) }).unwrap();
         assert_eq!(written, expected, "the same bytes as serialising the redacted value in place");
         let back: Value = serde_json::from_str(&written).unwrap();
         assert_eq!(back["resolved"]["params"]["api_key"], "<redacted>");
