@@ -358,8 +358,12 @@ mod local {
         #[cfg(unix)]
         pub fn open(root: &Path) -> std::io::Result<Dir> {
             use std::os::unix::fs::OpenOptionsExt;
-            // O_PATH: a handle to name files by, not one to read the directory through.
-            let dir = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(root)?;
+            // On Linux O_PATH: a handle to name files by, not one to read the directory through.
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            let flags = libc::O_PATH | libc::O_DIRECTORY;
+            #[cfg(not(any(target_os = "linux", target_os = "android")))]
+            let flags = libc::O_DIRECTORY;
+            let dir = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(root)?;
             Ok(Dir { fd: dir.into() })
         }
         #[cfg(not(unix))]
