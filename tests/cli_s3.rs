@@ -211,29 +211,35 @@ fn a_task_dataset_in_the_bucket_reruns_what_reads_it_when_its_etag_changes() {
 
 /// A real HTTP hop between rao and the S3 server that misbehaves on purpose: it does not listen
 /// for its first `quiet` (connections are refused), then answers every `nth` request with a 500
-/// and forwards the others (one request per connection).
+/// and forwards the others (one request per connection), each after holding it for `hold` (a
+/// bucket that far away). It counts the requests it has at once.
 struct FlakyProxy {
     port: u16,
     failures: Arc<AtomicUsize>,
     forwarded: Arc<AtomicUsize>,
+    most_at_once: Arc<AtomicUsize>,
 }
 
-fn start_flaky_proxy(upstream: u16, quiet: Duration, nth: usize) -> FlakyProxy {
+fn start_flaky_proxy(upstream: u16, quiet: Duration, nth: usize, hold: Duration) -> FlakyProxy {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let (failures, forwarded) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (f, w) = (failures.clone(), forwarded.clone());
+    let (failures, forwarded, most_at_once) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (f, w, most) = (failures.clone(), forwarded.clone(), most_at_once.clone());
     std::thread::spawn(move || {
         std::thread::sleep(quiet);
         let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
         let seen = Arc::new(AtomicUsize::new(0));
+        let at_once = Arc::new(AtomicUsize::new(0));
         for client in listener.incoming().flatten() {
-            let (f, w, seen) = (f.clone(), w.clone(), seen.clone());
+            let (f, w, seen, at_once, most) = (f.clone(), w.clone(), seen.clone(), at_once.clone(), most.clone());
             std::thread::spawn(move || {
+                most.fetch_max(at_once.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                std::thread::sleep(hold);
                 let _ = relay(client, upstream, || seen.fetch_add(1, Ordering::SeqCst) % nth == nth - 1, &f, &w);
+                at_once.fetch_sub(1, Ordering::SeqCst);
             });
         }
     });
-    FlakyProxy { port, failures, forwarded }
+    FlakyProxy { port, failures, forwarded, most_at_once }
 }
 
 /// Read an HTTP message head (through the blank line) and return it with the bytes read past it.
@@ -311,7 +317,7 @@ fn refused_connections_and_500s_from_the_bucket_are_retried() {
     let store = "s3://rao-flaky/cache";
 
     // rao starts while nothing listens on the proxy's port, and every 3rd request then fails.
-    let proxy = start_flaky_proxy(s3.port, Duration::from_millis(1500), 3);
+    let proxy = start_flaky_proxy(s3.port, Duration::from_millis(1500), 3, Duration::ZERO);
     let run = rao(&["run", "p.yaml", "--store", store], dir.path(), proxy.port).output().unwrap();
     assert!(run.status.success(), "{}", text(&run));
     assert!(!text(&run).contains(SECRET));
@@ -323,6 +329,32 @@ fn refused_connections_and_500s_from_the_bucket_are_retried() {
     assert!(status.contains("3/3 done"), "{status}");
     let ran = std::fs::read_to_string(&log).unwrap();
     assert_eq!(ran.lines().collect::<Vec<_>>(), ["a", "b", "c"], "each stage ran exactly once");
+}
+
+#[test]
+fn a_cached_run_on_a_distant_bucket_has_many_requests_in_flight() {
+    let s3 = start_s3();
+    create_bucket(s3.port, "rao-far");
+    let dir = tempfile::tempdir().unwrap();
+    let mut text_of =
+        String::from("name: far-chain\nstages:\n  s0: {kind: shell, params: {command: 'echo 0 > ${outputs.o}/v'}, outputs: [o]}\n");
+    for i in 1..40 {
+        text_of.push_str(&format!("  s{i}: {{kind: shell, params: {{command: 'cat ${{inputs.i}}/v > ${{outputs.o}}/v; echo {i} >> ${{outputs.o}}/v'}}, inputs: {{i: s{}.o}}, outputs: [o]}}\n", i - 1));
+    }
+    std::fs::write(dir.path().join("p.yaml"), text_of).unwrap();
+    let store = "s3://rao-far/cache";
+    assert_eq!(run_json(&["run", "p.yaml", "--store", store], dir.path(), s3.port), (40, 0));
+
+    // Through a hop that holds every request 20 ms: the manifests of a chain are read ahead of
+    // the walk down it, many at once, and the run and `status` find the same as straight.
+    let proxy = start_flaky_proxy(s3.port, Duration::ZERO, usize::MAX, Duration::from_millis(20));
+    assert_eq!(run_json(&["run", "p.yaml", "--store", store], dir.path(), proxy.port), (0, 40));
+    let most = proxy.most_at_once.load(Ordering::SeqCst);
+    assert!(most >= 8, "at most {most} requests at once during a cached run");
+    let status = |port| text(&rao(&["status", "p.yaml", "--store", store], dir.path(), port).output().unwrap());
+    let (far, near) = (status(proxy.port), status(s3.port));
+    assert!(far.contains("40/40 done"), "{far}");
+    assert_eq!(far, near);
 }
 
 /// Every `MANIFEST.json` under `prefix` in the bucket, by fingerprint (one boto3 call).

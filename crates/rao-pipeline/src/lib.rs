@@ -28,6 +28,7 @@ pub mod plan_cache;
 mod progress;
 pub mod publish;
 pub mod ray;
+mod read_ahead;
 pub mod resolved;
 pub mod run_record;
 pub mod scheduler;

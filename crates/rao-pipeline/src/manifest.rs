@@ -119,35 +119,48 @@ pub fn parse(fp: &str, bytes: bytes::Bytes) -> ManifestState {
 /// Every file of the manifest is present with its recorded size (a cheap check on each cache hit:
 /// a stat per file locally, one listing per output in a bucket).
 pub async fn check_sizes(store: &Store, m: &Manifest) -> StoreResult<Result<(), String>> {
+    if let Some(local) = local_sizes(store, m) {
+        return Ok(local);
+    }
     for (output, files) in &m.outputs {
         if files.is_empty() {
             continue;
         }
-        // Locally a stat per file in the output's folder; in a bucket one listing per output.
-        let prefix = m.output_prefix(output);
-        let listed: Option<BTreeMap<String, u64>> = match store.local_root() {
-            Some(_) => None,
-            None => {
-                let prefix = format!("{prefix}/");
-                let found = store.list(&prefix).await?;
-                Some(found.into_iter().filter_map(|(key, size)| Some((key.strip_prefix(&prefix)?.to_string(), size))).collect())
-            }
-        };
-        for f in files {
-            let size = match &listed {
-                Some(listed) => listed.get(&f.path).copied(),
-                None => store.local_file_size(&format!("{prefix}/{}", f.path)).and_then(Result::ok),
-            };
-            match size {
-                None => return Ok(Err(format!("output `{output}`: file `{}` is missing", f.path))),
-                Some(size) if size != f.size => {
-                    return Ok(Err(format!("output `{output}`: file `{}` has {size} bytes, the manifest says {}", f.path, f.size)));
-                }
-                Some(_) => {}
-            }
+        let prefix = format!("{}/", m.output_prefix(output));
+        let found = store.list(&prefix).await?;
+        let listed: BTreeMap<String, u64> =
+            found.into_iter().filter_map(|(key, size)| Some((key.strip_prefix(&prefix)?.to_string(), size))).collect();
+        if let Err(why) = compare_sizes(output, files, |path| listed.get(path).copied()) {
+            return Ok(Err(why));
         }
     }
     Ok(Ok(()))
+}
+
+/// [`check_sizes`] for a local store, a stat per file (`None` for a bucket).
+fn local_sizes(store: &Store, m: &Manifest) -> Option<Result<(), String>> {
+    store.local_root()?;
+    for (output, files) in &m.outputs {
+        let prefix = m.output_prefix(output);
+        if let Err(why) = compare_sizes(output, files, |path| store.local_file_size(&format!("{prefix}/{path}")).and_then(Result::ok)) {
+            return Some(Err(why));
+        }
+    }
+    Some(Ok(()))
+}
+
+/// Each file's size as found (`None`: missing) against the manifest's.
+fn compare_sizes(output: &str, files: &[FileEntry], found: impl Fn(&str) -> Option<u64>) -> Result<(), String> {
+    for f in files {
+        match found(&f.path) {
+            None => return Err(format!("output `{output}`: file `{}` is missing", f.path)),
+            Some(size) if size != f.size => {
+                return Err(format!("output `{output}`: file `{}` has {size} bytes, the manifest says {}", f.path, f.size));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Set a damaged manifest aside so the instance counts as not done: its bytes go to

@@ -15,6 +15,7 @@ use crate::exec::{Finished, Job, now_secs};
 use crate::executor::Executor;
 use crate::fingerprint::FpParts;
 use crate::manifest::{self, Manifest, ManifestState};
+use crate::read_ahead;
 use crate::run_record::{self, InstanceRecord, InstanceStatus, RunRecord, RunStatus};
 use crate::store::Store;
 
@@ -127,6 +128,8 @@ struct Scheduler {
     last_heartbeat: f64,
     /// Whether the record and the `active/` marker are in the store yet (see `put_on_record`).
     on_record: bool,
+    /// Cache hits found before the walk (`read_ahead`), by instance, with their fingerprints.
+    ahead: Vec<read_ahead::Ahead>,
 }
 
 impl Scheduler {
@@ -219,6 +222,7 @@ impl Scheduler {
             cancel: CancellationToken::new(),
             last_heartbeat: now,
             on_record: false,
+            ahead: Vec::new(),
             record,
             t0: Instant::now(),
             c,
@@ -260,6 +264,7 @@ impl Scheduler {
             Err(e) => self.emit(Event::Warning { message: format!("cannot check earlier runs: {e}") }),
         }
         crate::maintenance::remove_dead_staging(&self.store);
+        self.ahead = read_ahead::read(&self.c, &self.store, &self.forced, read_ahead::Sizes::Check).await;
         let mut stages = BTreeMap::new();
         for inst in &self.c.instances {
             *stages.entry(crate::events::stage_of(&inst.name).to_string()).or_default() += 1;
@@ -316,7 +321,12 @@ impl Scheduler {
 
     /// A finished manifest that can serve as a cache hit for `fp`; a damaged one is reported and
     /// set aside (the instance then runs again).
-    async fn cache_hit(&self, i: usize, fp: &str) -> Result<Option<Manifest>, RunError> {
+    async fn cache_hit(&mut self, i: usize, fp: &str) -> Result<Option<Manifest>, RunError> {
+        if let Some((ahead_fp, ManifestState::Done(m))) = self.ahead.get_mut(i).and_then(Option::take)
+            && ahead_fp == fp
+        {
+            return Ok(Some(m));
+        }
         let bytes = match self.store.get_opt(&crate::layout::manifest_key(fp)).await? {
             Some(b) => b,
             None => return Ok(None),

@@ -38,6 +38,7 @@ pub async fn snapshot(c: &Compiled, store: &Store) -> StoreResult<Snapshot> {
         skipped: vec![false; n],
         damaged: vec![None; n],
     };
+    let mut ahead = crate::read_ahead::read(c, store, &vec![false; n], crate::read_ahead::Sizes::Skip).await;
     for &i in &c.order {
         for (_, sources) in &c.instances[i].inputs {
             for src in sources {
@@ -52,7 +53,11 @@ pub async fn snapshot(c: &Compiled, store: &Store) -> StoreResult<Snapshot> {
         if let Some(p) = parts {
             let fp = p.fingerprint();
             // A damaged manifest counts as not done (the next run sets it aside and recomputes).
-            match manifest::read(store, &fp).await? {
+            let state = match ahead[i].take() {
+                Some((ahead_fp, state)) if ahead_fp == fp => state,
+                _ => manifest::read(store, &fp).await?,
+            };
+            match state {
                 ManifestState::Done(m) => s.manifests[i] = Some(m),
                 ManifestState::Damaged { why, .. } => s.damaged[i] = Some(why),
                 ManifestState::Missing => {}

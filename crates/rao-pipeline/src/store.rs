@@ -178,6 +178,12 @@ impl Store {
         self.plain_local_dir(key).map(|dir| dir.size(key))
     }
 
+    /// The bytes at `key` in a local store, read without a runtime; `None` for other stores and
+    /// for keys that are not plain names.
+    fn read_local(&self, key: &str) -> Option<std::io::Result<Bytes>> {
+        self.plain_local_dir(key).map(|dir| dir.read(key).map(Bytes::from))
+    }
+
     fn path(&self, key: &str) -> Path {
         if self.prefix.as_ref().is_empty() { Path::from(key) } else { Path::from(format!("{}/{}", self.prefix.as_ref(), key)) }
     }
@@ -201,8 +207,8 @@ impl Store {
     pub async fn get(&self, key: &str) -> StoreResult<Bytes> {
         // A local store is read directly: object_store hops to a blocking thread per read, which
         // dominates a fully cached run of many small stages.
-        if let Some(dir) = self.plain_local_dir(key) {
-            return dir.read(key).map(Bytes::from).map_err(|e| StoreError::io(key, &self.local_path(key).unwrap_or_default(), e));
+        if let Some(read) = self.read_local(key) {
+            return read.map_err(|e| StoreError::io(key, &self.local_path(key).unwrap_or_default(), e));
         }
         let map = |e| StoreError::object(key, e);
         self.inner.get(&self.path(key)).await.map_err(map)?.bytes().await.map_err(map)
