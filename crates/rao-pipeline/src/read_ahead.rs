@@ -47,8 +47,8 @@ fn plan_fingerprints(c: &Compiled, skip: &[bool]) -> Vec<Option<String>> {
 }
 
 /// For a bucket, the manifests of the instances whose fingerprints the plan determines (by
-/// instance; not those `skip` marks), read concurrently; nothing for a local store. With [`Sizes::Check`] a done manifest whose files are not all there at their sizes is
-/// left out. The first failed request stops further ones (a bucket that cannot be reached is
+/// instance; not those `skip` marks), read concurrently; nothing for a local store. With
+/// [`Sizes::Check`] a done manifest whose files are not all there at their sizes is left out. The first failed request stops further ones (a bucket that cannot be reached is
 /// reported by the walk, once, not retried here for every instance), and so does finding more
 /// missing than done once a round of requests is back (a run that computes most of its stages
 /// would otherwise pay a request for each before it starts).
