@@ -351,6 +351,10 @@ fn a_cached_run_on_a_distant_bucket_has_many_requests_in_flight() {
     assert_eq!(run_json(&["run", "p.yaml", "--store", store], dir.path(), proxy.port), (0, 40));
     let most = proxy.most_at_once.load(Ordering::SeqCst);
     assert!(most >= 8, "at most {most} requests at once during a cached run");
+    // And the walk used what was read ahead: about one manifest and one listing per stage, not
+    // each read again.
+    let requests = proxy.forwarded.load(Ordering::SeqCst);
+    assert!(requests <= 2 * 40 + 10, "{requests} requests for a cached run of 40 stages");
     let status = |port| text(&rao(&["status", "p.yaml", "--store", store], dir.path(), port).output().unwrap());
     let (far, near) = (status(proxy.port), status(s3.port));
     assert!(far.contains("40/40 done"), "{far}");

@@ -5,11 +5,15 @@
 //! cached run is one round trip after another. But every fingerprint that does not wait on a
 //! loop's decision follows from the plan alone, so those manifests are requested before the walk,
 //! many at once; the walk then takes what was read for the fingerprint it computed itself, and
-//! reads anything else as before. Read-ahead is only an earlier look: a failed request or a size
-//! that does not match leaves the instance to the walk, which reports what it finds. A local
-//! store is not read ahead: there a read costs microseconds, less than starting threads would.
+//! reads anything else as before. Read-ahead is only an earlier look: a failed or slow request or
+//! a size that does not match leaves the instance to the walk, which reports what it finds, and
+//! what was read is used only while it is fresh (a run that computes for hours reads the
+//! manifests below again when it gets there: another run may have replaced them meanwhile). A
+//! local store is not read ahead: there a read costs microseconds, less than starting threads
+//! would.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
@@ -19,9 +23,33 @@ use crate::store::Store;
 
 /// Requests in flight at once.
 const IN_FLIGHT: usize = 16;
+/// A request (a manifest and its size check) that takes longer stops the read-ahead: the walk
+/// reads that instance, and reports a bucket that cannot be reached, with the store's own retries.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+/// How long what was read stays usable.
+const FRESH_FOR: Duration = Duration::from_secs(10);
 
-/// What was read ahead for one instance: the fingerprint it was read for, and what was found.
-pub type Ahead = Option<(String, ManifestState)>;
+/// What was read ahead, by instance: the fingerprint it was read for and what was found.
+#[derive(Default)]
+pub struct ReadAhead {
+    at: Option<Instant>,
+    entries: Vec<Option<(String, ManifestState)>>,
+}
+
+impl ReadAhead {
+    /// What was found for instance `i` under fingerprint `fp`, if it was read for that
+    /// fingerprint and is still fresh (each entry is handed out once).
+    pub fn take(&mut self, i: usize, fp: &str) -> Option<ManifestState> {
+        if self.at.is_none_or(|at| at.elapsed() > FRESH_FOR) {
+            self.entries.clear();
+            return None;
+        }
+        match self.entries.get_mut(i)?.take()? {
+            (ahead_fp, state) if ahead_fp == fp => Some(state),
+            _ => None,
+        }
+    }
+}
 
 /// Whether a manifest that is done must also have every file at its recorded size.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -48,16 +76,19 @@ fn plan_fingerprints(c: &Compiled, skip: &[bool]) -> Vec<Option<String>> {
 
 /// For a bucket, the manifests of the instances whose fingerprints the plan determines (by
 /// instance; not those `skip` marks), read concurrently; nothing for a local store. With
-/// [`Sizes::Check`] a done manifest whose files are not all there at their sizes is left out. The first failed request stops further ones (a bucket that cannot be reached is
+/// [`Sizes::Check`] a done manifest whose files are not all there at their sizes is left out.
+/// The first failed or slow request stops further ones (a bucket that cannot be reached is
 /// reported by the walk, once, not retried here for every instance), and so does finding more
-/// missing than done once a round of requests is back (a run that computes most of its stages
-/// would otherwise pay a request for each before it starts).
-pub async fn read(c: &Compiled, store: &Store, skip: &[bool], sizes: Sizes) -> Vec<Ahead> {
-    let mut out: Vec<Ahead> = vec![None; c.instances.len()];
+/// than 16 missing and more missing than done (a run that computes most of its stages would
+/// otherwise pay a request for each before it starts); requests already in flight finish.
+pub async fn read(c: &Compiled, store: &Store, skip: &[bool], sizes: Sizes) -> ReadAhead {
+    let mut out = ReadAhead { at: None, entries: vec![None; c.instances.len()] };
     if store.local_root().is_some() {
         return out;
     }
     let fps = plan_fingerprints(c, skip);
+    // Iterations of a loop that stops on a metric may never run: missing, they say nothing.
+    let may_not_run = |i: usize| c.instances[i].iteration.is_some_and(|(l, _)| c.loops[l].stop.is_some());
     let (stop, done, missing) = (AtomicBool::new(false), AtomicUsize::new(0), AtomicUsize::new(0));
     let (stop, done, missing) = (&stop, &done, &missing);
     let found: Vec<(usize, String, ManifestState)> = futures::stream::iter(fps.into_iter().enumerate())
@@ -66,17 +97,20 @@ pub async fn read(c: &Compiled, store: &Store, skip: &[bool], sizes: Sizes) -> V
             if stop.load(Ordering::Relaxed) {
                 return None;
             }
-            let state = match manifest::read(store, &fp).await {
-                Ok(ManifestState::Done(m)) if sizes == Sizes::Check => match manifest::check_sizes(store, &m).await {
-                    Ok(Ok(())) => Ok(ManifestState::Done(m)),
-                    Ok(Err(_)) => return None,
-                    Err(e) => Err(e),
-                },
-                state => state,
+            let request = async {
+                match manifest::read(store, &fp).await {
+                    Ok(ManifestState::Done(m)) if sizes == Sizes::Check => match manifest::check_sizes(store, &m).await {
+                        Ok(Ok(())) => Ok(Some(ManifestState::Done(m))),
+                        Ok(Err(_)) => Ok(None),
+                        Err(e) => Err(e),
+                    },
+                    state => state.map(Some),
+                }
             };
-            match state {
-                Ok(state) => {
+            match tokio::time::timeout(REQUEST_DEADLINE, request).await {
+                Ok(Ok(Some(state))) => {
                     let (d, m) = match state {
+                        ManifestState::Missing if may_not_run(i) => (0, 0),
                         ManifestState::Missing => (done.load(Ordering::Relaxed), missing.fetch_add(1, Ordering::Relaxed) + 1),
                         _ => (done.fetch_add(1, Ordering::Relaxed) + 1, missing.load(Ordering::Relaxed)),
                     };
@@ -85,7 +119,8 @@ pub async fn read(c: &Compiled, store: &Store, skip: &[bool], sizes: Sizes) -> V
                     }
                     Some((i, fp, state))
                 }
-                Err(_) => {
+                Ok(Ok(None)) => None,
+                Ok(Err(_)) | Err(_) => {
                     stop.store(true, Ordering::Relaxed);
                     None
                 }
@@ -96,7 +131,8 @@ pub async fn read(c: &Compiled, store: &Store, skip: &[bool], sizes: Sizes) -> V
         .collect()
         .await;
     for (i, fp, state) in found {
-        out[i] = Some((fp, state));
+        out.entries[i] = Some((fp, state));
     }
+    out.at = Some(Instant::now());
     out
 }

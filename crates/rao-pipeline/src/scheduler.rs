@@ -129,7 +129,7 @@ struct Scheduler {
     /// Whether the record and the `active/` marker are in the store yet (see `put_on_record`).
     on_record: bool,
     /// Cache hits found before the walk (`read_ahead`), by instance, with their fingerprints.
-    ahead: Vec<read_ahead::Ahead>,
+    ahead: read_ahead::ReadAhead,
 }
 
 impl Scheduler {
@@ -222,7 +222,7 @@ impl Scheduler {
             cancel: CancellationToken::new(),
             last_heartbeat: now,
             on_record: false,
-            ahead: Vec::new(),
+            ahead: Default::default(),
             record,
             t0: Instant::now(),
             c,
@@ -264,7 +264,6 @@ impl Scheduler {
             Err(e) => self.emit(Event::Warning { message: format!("cannot check earlier runs: {e}") }),
         }
         crate::maintenance::remove_dead_staging(&self.store);
-        self.ahead = read_ahead::read(&self.c, &self.store, &self.forced, read_ahead::Sizes::Check).await;
         let mut stages = BTreeMap::new();
         for inst in &self.c.instances {
             *stages.entry(crate::events::stage_of(&inst.name).to_string()).or_default() += 1;
@@ -276,6 +275,8 @@ impl Scheduler {
             stages,
             store: self.store.url().to_string(),
         });
+        // After the start is announced: against a slow bucket this takes a moment.
+        self.ahead = read_ahead::read(&self.c, &self.store, &self.forced, read_ahead::Sizes::Check).await;
         Ok(())
     }
 
@@ -322,9 +323,7 @@ impl Scheduler {
     /// A finished manifest that can serve as a cache hit for `fp`; a damaged one is reported and
     /// set aside (the instance then runs again).
     async fn cache_hit(&mut self, i: usize, fp: &str) -> Result<Option<Manifest>, RunError> {
-        if let Some((ahead_fp, ManifestState::Done(m))) = self.ahead.get_mut(i).and_then(Option::take)
-            && ahead_fp == fp
-        {
+        if let Some(ManifestState::Done(m)) = self.ahead.take(i, fp) {
             return Ok(Some(m));
         }
         let bytes = match self.store.get_opt(&crate::layout::manifest_key(fp)).await? {

@@ -53,9 +53,9 @@ pub async fn snapshot(c: &Compiled, store: &Store) -> StoreResult<Snapshot> {
         if let Some(p) = parts {
             let fp = p.fingerprint();
             // A damaged manifest counts as not done (the next run sets it aside and recomputes).
-            let state = match ahead[i].take() {
-                Some((ahead_fp, state)) if ahead_fp == fp => state,
-                _ => manifest::read(store, &fp).await?,
+            let state = match ahead.take(i, &fp) {
+                Some(state) => state,
+                None => manifest::read(store, &fp).await?,
             };
             match state {
                 ManifestState::Done(m) => s.manifests[i] = Some(m),
