@@ -175,8 +175,8 @@ enum Command {
         json: bool,
     },
     /// Remove what nothing needs: staging of dead runs, attempts no manifest names, lapsed
-    /// leases — and, given pipeline files, every object none of them references. Dry run unless
-    /// --delete.
+    /// leases — and, given pipeline files, every object none of them references — if it was
+    /// written at least --min-age ago. Dry run unless --delete.
     Gc {
         /// Pipelines whose artifacts to keep (their current fingerprints). None: keep every
         /// finished artifact and remove only leftovers.
@@ -186,6 +186,10 @@ enum Command {
         /// Really delete (default: only list what would go).
         #[arg(long)]
         delete: bool,
+        /// Leave whatever was written less than this long ago (a run elsewhere may be publishing
+        /// it, or using it under `--set` overrides these files do not show): `30m`, `2h`, `0`.
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_min_age)]
+        min_age: std::time::Duration,
         #[arg(long)]
         json: bool,
     },
@@ -433,6 +437,14 @@ async fn compare_arm(
 
 /// A store given on the command line: a relative path is taken from the current directory,
 /// as every command-line tool does (a `store:` in the file is relative to the file).
+/// `rao gc --min-age`: a duration as pipeline files write them, or `0`.
+fn parse_min_age(text: &str) -> Result<std::time::Duration, String> {
+    if text.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()).trim().parse::<f64>() == Ok(0.0) {
+        return Ok(std::time::Duration::ZERO);
+    }
+    rao_pipeline::spec::Duration::parse(text).map(|d| d.0)
+}
+
 fn cli_store_url(s: &str) -> anyhow::Result<String> {
     if s.contains("://") || std::path::Path::new(s).is_absolute() {
         return Ok(s.to_string());
@@ -736,7 +748,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
         }
-        Command::Gc { pipelines, store, delete, json } => {
+        Command::Gc { pipelines, store, delete, min_age, json } => {
             let store = maintenance_store(&store, pipelines.first(), &registry, !delete)?;
             let keep = if pipelines.is_empty() {
                 None
@@ -749,7 +761,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 Some(keep)
             };
-            let report = rao_pipeline::maintenance::gc(&store, keep.as_ref(), delete).await?;
+            let report = rao_pipeline::maintenance::gc(&store, keep.as_ref(), delete, min_age).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

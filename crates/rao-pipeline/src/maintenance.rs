@@ -3,12 +3,13 @@
 //! to keep — objects nothing references). Both only read unless asked to change anything.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
 use crate::layout::{is_attempt_id, is_fingerprint};
 use crate::manifest::{self, ManifestState};
-use crate::store::{Store, StoreResult};
+use crate::store::{Listed, Store, StoreResult};
 
 /// Remove this machine's staging entries whose process is gone (local stores; best effort).
 pub fn remove_dead_staging(store: &Store) -> Vec<String> {
@@ -31,22 +32,25 @@ pub fn remove_dead_staging(store: &Store) -> Vec<String> {
 /// One object of the store, grouped by fingerprint.
 #[derive(Default)]
 struct ObjectFiles {
-    manifest: bool,
-    /// attempt (or `out`) → total bytes.
-    attempts: BTreeMap<String, u64>,
+    /// When the manifest was written, if there is one.
+    manifest: Option<SystemTime>,
+    /// attempt (or `out`) → total bytes and when its newest file was written.
+    attempts: BTreeMap<String, (u64, SystemTime)>,
 }
 
 async fn objects(store: &Store) -> StoreResult<BTreeMap<String, ObjectFiles>> {
     let mut by_fp: BTreeMap<String, ObjectFiles> = BTreeMap::new();
-    for (key, size) in store.list("objects/").await? {
+    for Listed { key, size, modified } in store.list_detailed("objects/").await? {
         let mut parts = key.splitn(4, '/');
         let (_, _, fp, rest) = (parts.next(), parts.next(), parts.next(), parts.next());
         let (Some(fp), Some(rest)) = (fp, rest) else { continue };
         let entry = by_fp.entry(fp.to_string()).or_default();
         if rest == "MANIFEST.json" {
-            entry.manifest = true;
+            entry.manifest = Some(modified);
         } else if let Some((attempt, _)) = rest.split_once('/') {
-            *entry.attempts.entry(attempt.to_string()).or_default() += size;
+            let (bytes, newest) = entry.attempts.entry(attempt.to_string()).or_insert((0, SystemTime::UNIX_EPOCH));
+            *bytes += size;
+            *newest = (*newest).max(modified);
         }
     }
     Ok(by_fp)
@@ -73,7 +77,7 @@ pub struct VerifyReport {
 pub async fn verify(store: &Store, repair: bool) -> StoreResult<VerifyReport> {
     let mut report = VerifyReport::default();
     for (fp, files) in objects(store).await? {
-        if !files.manifest {
+        if files.manifest.is_none() {
             continue;
         }
         report.manifests += 1;
@@ -86,15 +90,17 @@ pub async fn verify(store: &Store, repair: bool) -> StoreResult<VerifyReport> {
                     for f in entries {
                         report.files += 1;
                         report.bytes += f.size;
-                        let why = match store.get(&m.file_key(output, &f.path)).await {
-                            Ok(b) if b.len() as u64 != f.size => {
+                        // Only what was read (or found missing) is damage: a store that fails
+                        // to answer stops the check instead of condemning what it could not read.
+                        let why = match store.get_opt(&m.file_key(output, &f.path)).await? {
+                            Some(b) if b.len() as u64 != f.size => {
                                 Some(format!("{output}/{}: {} bytes, manifest says {}", f.path, b.len(), f.size))
                             }
-                            Ok(b) if blake3::hash(&b).to_hex().as_str() != f.blake3 => {
+                            Some(b) if blake3::hash(&b).to_hex().as_str() != f.blake3 => {
                                 Some(format!("{output}/{}: content hash differs", f.path))
                             }
-                            Ok(_) => None,
-                            Err(e) => Some(format!("{output}/{}: {e}", f.path)),
+                            Some(_) => None,
+                            None => Some(format!("{output}/{}: missing", f.path)),
                         };
                         if why.is_some() {
                             problem = why;
@@ -118,6 +124,14 @@ pub async fn verify(store: &Store, repair: bool) -> StoreResult<VerifyReport> {
     Ok(report)
 }
 
+/// Which attempt of an object its manifest names.
+enum Referenced {
+    None,
+    One(String),
+    /// The manifest is there but cannot be read.
+    Unknown,
+}
+
 #[derive(Debug, Default, Serialize)]
 pub struct GcReport {
     /// Store keys (or key prefixes) removed — or, in a dry run, that would be.
@@ -127,32 +141,42 @@ pub struct GcReport {
 }
 
 /// Collect garbage. `keep`: fingerprints of every instance of the pipelines to keep (`None`:
-/// keep every finished object, remove only leftovers).
-pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool) -> StoreResult<GcReport> {
+/// keep every finished object, remove only leftovers). Nothing written less than `min_age` ago
+/// goes (by the store's clock, against this machine's): a run elsewhere may be publishing it, or
+/// using it under overrides `keep` does not know.
+pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool, min_age: Duration) -> StoreResult<GcReport> {
     let mut report = GcReport { deleted: delete, ..Default::default() };
     if delete {
         report.removed.extend(remove_dead_staging(store));
     }
+    // A lease that cannot be read counts as live: when in doubt, nothing goes.
     let lease_live = |fp: &str| {
         let store = store.clone();
         let fp = fp.to_string();
-        async move { crate::lease::live_holder(&store, &fp).await.ok().flatten().is_some() }
+        async move { crate::lease::live_holder(&store, &fp).await.map_or(true, |h| h.is_some()) }
     };
+    let old = |t: SystemTime| SystemTime::now().duration_since(t).is_ok_and(|age| age >= min_age);
     for (fp, files) in objects(store).await? {
         if !is_fingerprint(&fp) || lease_live(&fp).await {
             continue;
         }
-        let referenced: Option<String> = match store.get_opt(&crate::layout::manifest_key(&fp)).await? {
+        let unwanted = keep.is_some_and(|k| !k.contains(&fp)) && files.manifest.is_none_or(old);
+        let referenced = match store.get_opt(&crate::layout::manifest_key(&fp)).await? {
             Some(bytes) => match manifest::parse(&fp, bytes) {
-                ManifestState::Done(m) => Some(m.attempt.unwrap_or_else(|| "out".into())),
-                _ => None,
+                ManifestState::Done(m) => Referenced::One(m.attempt.unwrap_or_else(|| "out".into())),
+                // Unreadable (damaged, or written by a newer rao): `rao verify --repair` sets it
+                // aside first; until then its attempts stay.
+                _ => Referenced::Unknown,
             },
-            None => None,
+            None => Referenced::None,
         };
-        let unwanted = keep.is_some_and(|k| !k.contains(&fp));
-        for (attempt, bytes) in &files.attempts {
-            let orphan = Some(attempt.as_str()) != referenced.as_deref() && (is_attempt_id(attempt) || attempt == "out");
-            if orphan || unwanted {
+        for (attempt, &(bytes, newest)) in &files.attempts {
+            let orphan = match &referenced {
+                Referenced::One(a) => a != attempt,
+                Referenced::None => true,
+                Referenced::Unknown => false,
+            } && (is_attempt_id(attempt) || attempt == "out");
+            if (orphan || unwanted) && old(newest) {
                 let prefix = format!("{}/{attempt}/", crate::layout::object_dir(&fp));
                 report.bytes += bytes;
                 if delete {
@@ -161,7 +185,7 @@ pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool) ->
                 report.removed.push(prefix);
             }
         }
-        if unwanted && files.manifest {
+        if unwanted && files.manifest.is_some() && files.attempts.values().all(|&(_, newest)| old(newest)) {
             let key = crate::layout::manifest_key(&fp);
             if delete {
                 store.delete(&key).await?;
@@ -183,7 +207,7 @@ pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool) ->
     }
     let mut progress: BTreeMap<String, u64> = BTreeMap::new();
     for (key, size) in store.list("progress/").await? {
-        if let Some(fp) = key.split('/').nth(1) {
+        if let Some(fp) = key.split('/').nth(1).filter(|fp| is_fingerprint(fp)) {
             *progress.entry(fp.to_string()).or_default() += size;
         }
     }

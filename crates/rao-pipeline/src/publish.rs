@@ -24,9 +24,16 @@ pub fn staged_output(staging: &Path, name: &str) -> PathBuf {
     PathBuf::from(path)
 }
 
-/// A short tag of this machine, so `rao gc` only removes staging of its own dead processes.
-pub fn host_tag() -> String {
-    blake3::hash(crate::lease::host_name().as_bytes()).to_hex()[..8].to_string()
+/// A short tag of the processes this one can see — the machine's name and its PID namespace
+/// (containers may share a name, not their processes) — so that only staging whose owner is
+/// known to be gone is removed.
+pub fn host_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let pid_space = std::fs::read_link("/proc/self/ns/pid").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+        let seen_from = format!("{}\0{pid_space}", crate::lease::host_name());
+        blake3::hash(seen_from.as_bytes()).to_hex()[..8].to_string()
+    })
 }
 
 /// `<fp>.<host>.<pid>.<attempt>`: whose it is can be read off the name.

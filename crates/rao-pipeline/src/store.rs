@@ -231,7 +231,13 @@ impl Store {
     }
 
     /// Every object under `prefix` (recursively), as (key relative to the store, size).
+    /// Every key under `prefix` with its size, sorted.
     pub async fn list(&self, prefix: &str) -> StoreResult<Vec<(String, u64)>> {
+        Ok(self.list_detailed(prefix).await?.into_iter().map(|l| (l.key, l.size)).collect())
+    }
+
+    /// Every key under `prefix` with its size and when it was last written, sorted by key.
+    pub async fn list_detailed(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
         let prefix_path = match prefix.trim_end_matches('/') {
             "" => self.local_root().map(FsPath::to_path_buf),
             p => self.plain_local_path(p),
@@ -241,8 +247,9 @@ impl Store {
         }
         let p = self.path(prefix);
         let metas: Vec<_> = self.inner.list(Some(&p)).try_collect().await.map_err(|e| StoreError::object(prefix, e))?;
-        let mut out: Vec<(String, u64)> = metas.iter().map(|m| (self.strip(&m.location), m.size)).collect();
-        out.sort();
+        let mut out: Vec<Listed> =
+            metas.iter().map(|m| Listed { key: self.strip(&m.location), size: m.size, modified: m.last_modified.into() }).collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
     }
 
@@ -336,6 +343,15 @@ pub use crate::manifest::{FileEntry, Manifest};
 
 /// Direct file-system operations of a local store, with the same guarantees as object_store's
 /// local backend: an object appears whole or not at all.
+/// One key of a listing.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub key: String,
+    pub size: u64,
+    /// When it was last written, by the store's clock (a file's modification time locally).
+    pub modified: std::time::SystemTime,
+}
+
 mod local {
     use std::io::Write;
     use std::path::Path;
@@ -468,7 +484,7 @@ mod local {
     }
 
     /// Every file under `dir` as (key relative to `root`, size), sorted; temporary files skipped.
-    pub fn list(root: &Path, dir: &Path) -> std::io::Result<Vec<(String, u64)>> {
+    pub fn list(root: &Path, dir: &Path) -> std::io::Result<Vec<super::Listed>> {
         let mut out = Vec::new();
         let mut stack = vec![dir.to_path_buf()];
         while let Some(d) = stack.pop() {
@@ -492,16 +508,17 @@ mod local {
                 } else if ty.is_file() && !name.contains(TEMP_MARK) && !name.contains('#') {
                     // Symbolic links and other special files are not objects: skipped.
                     if let Ok(rel) = e.path().strip_prefix(root) {
-                        let len = match e.metadata() {
+                        let meta = match e.metadata() {
                             Err(err) if gone(&err) => continue,
-                            meta => meta?.len(),
+                            meta => meta?,
                         };
-                        out.push((rel.to_string_lossy().replace('\\', "/"), len));
+                        let modified = meta.modified().unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+                        out.push(super::Listed { key: rel.to_string_lossy().replace('\\', "/"), size: meta.len(), modified });
                     }
                 }
             }
         }
-        out.sort();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
     }
 }
