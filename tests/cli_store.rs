@@ -277,6 +277,38 @@ fn gc_keeps_the_outputs_of_a_manifest_it_cannot_read() {
 }
 
 #[test]
+fn gc_keeps_what_a_live_run_uses_even_if_no_pipeline_given_to_it_references_it() {
+    let dir = tempfile::tempdir().unwrap();
+    chain(dir.path());
+    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    let old_c = fingerprint(dir.path(), "c");
+    let edited = std::fs::read_to_string(dir.path().join("p.yaml")).unwrap().replace("echo c >>", "echo c  >>");
+    std::fs::write(dir.path().join("p.yaml"), edited).unwrap();
+    // A run of the old file still going (on record and marked active, its process alive: this
+    // one), e.g. started with `--set` values that gc is not told about.
+    let store = dir.path().join(".rao/store");
+    let mut record: serde_json::Value = serde_json::from_slice(&std::fs::read(store.join("runs/p/latest.json")).unwrap()).unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    record["run_id"] = "20261203T000000Z-1".into();
+    record["status"] = "running".into();
+    record["pid"] = std::process::id().into();
+    record["heartbeat_at"] = now.into();
+    record["finished_at"] = serde_json::Value::Null;
+    std::fs::write(store.join("runs/p/20261203T000000Z-1.json"), serde_json::to_vec(&record).unwrap()).unwrap();
+    std::fs::create_dir_all(store.join("active/p")).unwrap();
+    std::fs::write(store.join("active/p/20261203T000000Z-1"), b"").unwrap();
+
+    let gc = rao(&["gc", "p.yaml", "--delete", "--min-age", "0"], dir.path());
+    assert!(gc.status.success(), "{}", text(&gc));
+    assert!(object_dir(dir.path(), &old_c).join("MANIFEST.json").exists(), "gc removed what a live run uses: {}", text(&gc));
+    // Once that run has ended, nothing keeps it.
+    std::fs::remove_file(store.join("active/p/20261203T000000Z-1")).unwrap();
+    let gc = rao(&["gc", "p.yaml", "--delete", "--min-age", "0"], dir.path());
+    assert!(gc.status.success() && text(&gc).contains(&old_c), "{}", text(&gc));
+    assert!(!object_dir(dir.path(), &old_c).exists());
+}
+
+#[test]
 fn gc_lists_then_removes_leftovers_and_what_no_pipeline_references() {
     let dir = tempfile::tempdir().unwrap();
     chain(dir.path());

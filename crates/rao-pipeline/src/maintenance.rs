@@ -156,11 +156,12 @@ pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool, mi
         async move { crate::lease::live_holder(&store, &fp).await.map_or(true, |h| h.is_some()) }
     };
     let old = |t: SystemTime| SystemTime::now().duration_since(t).is_ok_and(|age| age >= min_age);
+    let in_use = if keep.is_some() { crate::run_record::live_fingerprints(store).await? } else { BTreeSet::new() };
     for (fp, files) in objects(store).await? {
         if !is_fingerprint(&fp) || lease_live(&fp).await {
             continue;
         }
-        let unwanted = keep.is_some_and(|k| !k.contains(&fp)) && files.manifest.is_none_or(old);
+        let unwanted = keep.is_some_and(|k| !k.contains(&fp)) && !in_use.contains(&fp) && files.manifest.is_none_or(old);
         let referenced = match store.get_opt(&crate::layout::manifest_key(&fp)).await? {
             Some(bytes) => match manifest::parse(&fp, bytes) {
                 ManifestState::Done(m) => Referenced::One(m.attempt.unwrap_or_else(|| "out".into())),

@@ -163,6 +163,24 @@ pub async fn close_interrupted(store: &Store, pipeline: &str) -> StoreResult<Vec
     Ok(closed)
 }
 
+/// Fingerprints of every instance that a run still going (on any machine) has met so far, from
+/// the records of the runs marked active: what `rao gc` must keep whatever pipelines it is given
+/// (such a run may use `--set` values, or a file edited since). A record that cannot be read
+/// adds nothing.
+pub async fn live_fingerprints(store: &Store) -> StoreResult<std::collections::BTreeSet<String>> {
+    let mut fps = std::collections::BTreeSet::new();
+    for (key, _) in store.list("active/").await? {
+        let mut parts = key.split('/').skip(1);
+        let (Some(pipeline), Some(run_id)) = (parts.next(), parts.next()) else { continue };
+        if let Ok(Some(r)) = read(store, pipeline, run_id).await
+            && r.effective_status() == RunStatus::Running
+        {
+            fps.extend(r.instances.into_iter().filter_map(|i| i.fingerprint));
+        }
+    }
+    Ok(fps)
+}
+
 /// `--set` entries as recorded: values of keys that look like credentials become `<redacted>`.
 pub fn redact_overrides(overrides: &[String]) -> Vec<String> {
     overrides
