@@ -208,6 +208,10 @@ fn a_killed_run_is_recorded_as_interrupted_and_its_staging_removed() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    // `rao gc` lists the dead run's staging; as a dry run it removes nothing.
+    let dry = rao(&["gc", "--store", ".rao/store"], dir.path());
+    assert!(text(&dry).contains("would remove staging/"), "{}", text(&dry));
+    assert!(std::fs::read_dir(&staging).unwrap().count() > 0, "a dry run removed staging");
     let records = |d: &Path| -> Vec<serde_json::Value> {
         std::fs::read_dir(d.join(".rao/store/runs/p"))
             .unwrap()

@@ -13,6 +13,11 @@ use crate::store::{Listed, Store, StoreResult};
 
 /// Remove this machine's staging entries whose process is gone (local stores; best effort).
 pub fn remove_dead_staging(store: &Store) -> Vec<String> {
+    dead_staging(store, true)
+}
+
+/// This machine's staging entries whose process is gone, removed if `remove` (else only listed).
+fn dead_staging(store: &Store, remove: bool) -> Vec<String> {
     let Some(root) = store.local_root() else { return Vec::new() };
     let Ok(entries) = std::fs::read_dir(root.join("staging")) else { return Vec::new() };
     let mut removed = Vec::new();
@@ -20,7 +25,11 @@ pub fn remove_dead_staging(store: &Store) -> Vec<String> {
         let name = e.file_name().to_string_lossy().to_string();
         if crate::publish::staging_owner(&name).is_some_and(crate::lease::process_is_gone) {
             let path = e.path();
-            let gone = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            let gone = match remove {
+                false => Ok(()),
+                true if path.is_dir() => std::fs::remove_dir_all(&path),
+                true => std::fs::remove_file(&path),
+            };
             if gone.is_ok() {
                 removed.push(format!("staging/{name}"));
             }
@@ -146,9 +155,7 @@ pub struct GcReport {
 /// using it under overrides `keep` does not know.
 pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool, min_age: Duration) -> StoreResult<GcReport> {
     let mut report = GcReport { deleted: delete, ..Default::default() };
-    if delete {
-        report.removed.extend(remove_dead_staging(store));
-    }
+    report.removed.extend(dead_staging(store, delete));
     // A lease that cannot be read counts as live: when in doubt, nothing goes.
     let lease_live = |fp: &str| {
         let store = store.clone();
