@@ -41,6 +41,19 @@ pub fn host_name() -> String {
     .clone()
 }
 
+/// The PID namespace this process sees (`pid:[4026531836]`; empty where that cannot be read):
+/// containers may share a host name, not their processes.
+pub fn pid_space() -> &'static str {
+    static SPACE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SPACE.get_or_init(|| std::fs::read_link("/proc/self/ns/pid").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default())
+}
+
+/// Whether the process that a lease or run record names is known to be gone: only a process this
+/// one can see is looked for (a record without a PID namespace, from an older rao, by host name).
+pub fn recorded_process_is_gone(host: &str, pid_space: &str, pid: u32) -> bool {
+    host == host_name() && (pid_space.is_empty() || pid_space == self::pid_space()) && process_is_gone(pid)
+}
+
 /// Whether process `pid` of this machine is gone (unknown: `false`).
 pub fn process_is_gone(pid: u32) -> bool {
     cfg!(target_os = "linux") && std::path::Path::new("/proc/self").exists() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
@@ -54,11 +67,14 @@ pub struct LeaseInfo {
     pub run_id: String,
     pub instance: String,
     pub expires_at: f64,
+    /// The holder's PID namespace (see [`pid_space`]; absent in leases of older versions).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pid_space: String,
 }
 
 impl LeaseInfo {
     fn lapsed(&self) -> bool {
-        self.expires_at < now_secs() || (self.host == host_name() && process_is_gone(self.pid))
+        self.expires_at < now_secs() || recorded_process_is_gone(&self.host, &self.pid_space, self.pid)
     }
 }
 
@@ -132,6 +148,7 @@ pub async fn try_acquire(store: &Store, fp: &str, run_id: &str, instance: &str) 
         run_id: run_id.to_string(),
         instance: instance.to_string(),
         expires_at: now_secs() + ttl.as_secs_f64(),
+        pid_space: pid_space().to_string(),
     };
     let key = generation_key(fp, next);
     let body = bytes::Bytes::from(serde_json::to_vec(&info).expect("a lease serialises"));
@@ -184,10 +201,36 @@ mod tests {
     async fn a_lapsed_lease_is_taken_over_by_exactly_one_waiter() {
         let store = Store::open("memory://", std::path::Path::new(".")).unwrap();
         let fp = "00112233445566778899aabbccddeeff";
-        let dead = LeaseInfo { host: "elsewhere".into(), pid: 1, run_id: "old".into(), instance: "a".into(), expires_at: now_secs() - 1.0 };
+        let dead = LeaseInfo {
+            host: "elsewhere".into(),
+            pid: 1,
+            run_id: "old".into(),
+            instance: "a".into(),
+            expires_at: now_secs() - 1.0,
+            pid_space: String::new(),
+        };
         store.put_json(&generation_key(fp, 7), &dead).await.unwrap();
         let (a, b) = tokio::join!(try_acquire(&store, fp, "run-a", "a"), try_acquire(&store, fp, "run-b", "a"));
         let held = [a.unwrap(), b.unwrap()].into_iter().filter(|x| matches!(x, Acquired::Held(_))).count();
         assert_eq!(held, 1);
+    }
+
+    #[test]
+    fn a_holder_in_another_pid_namespace_of_the_same_host_is_not_taken_for_gone() {
+        // No process has this id here; the lease has not expired.
+        let lease = |pid_space: &str| LeaseInfo {
+            host: host_name(),
+            pid: 4_000_000_000,
+            run_id: "r".into(),
+            instance: "a".into(),
+            expires_at: now_secs() + 60.0,
+            pid_space: pid_space.into(),
+        };
+        if pid_space().is_empty() || !cfg!(target_os = "linux") {
+            return; // nothing to tell namespaces apart by here
+        }
+        assert!(!lease("pid:[1]").lapsed(), "a container sharing the host name is not this one");
+        assert!(lease(pid_space()).lapsed(), "a process of this namespace that is gone");
+        assert!(lease("").lapsed(), "an older lease, without a namespace: by host name as before");
     }
 }

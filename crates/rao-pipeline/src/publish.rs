@@ -30,8 +30,7 @@ pub fn staged_output(staging: &Path, name: &str) -> PathBuf {
 pub fn host_tag() -> &'static str {
     static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TAG.get_or_init(|| {
-        let pid_space = std::fs::read_link("/proc/self/ns/pid").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
-        let seen_from = format!("{}\0{pid_space}", crate::lease::host_name());
+        let seen_from = format!("{}\0{}", crate::lease::host_name(), crate::lease::pid_space());
         blake3::hash(seen_from.as_bytes()).to_hex()[..8].to_string()
     })
 }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::exec::now_secs;
 use crate::layout::{check_component, run_record_key};
-use crate::lease::{host_name, process_is_gone};
+use crate::lease::recorded_process_is_gone;
 use crate::store::{Store, StoreResult};
 
 /// A run whose heartbeat is older than this is taken for dead (it beats every 30 s).
@@ -84,6 +84,9 @@ pub struct RunRecord {
     pub host: String,
     #[serde(default)]
     pub pid: u32,
+    /// The run's PID namespace (see `lease::pid_space`; absent in records of older versions).
+    #[serde(default)]
+    pub pid_space: String,
     pub started_at: f64,
     #[serde(default)]
     pub heartbeat_at: f64,
@@ -107,7 +110,7 @@ impl RunRecord {
 
     /// `Running` as recorded, unless the run is known to be gone.
     pub fn effective_status(&self) -> RunStatus {
-        let gone = (self.host == host_name() && process_is_gone(self.pid))
+        let gone = recorded_process_is_gone(&self.host, &self.pid_space, self.pid)
             || self.heartbeat_at.max(self.started_at) + HEARTBEAT_GRACE_S < now_secs();
         if self.status == RunStatus::Running && gone { RunStatus::Interrupted } else { self.status }
     }

@@ -178,6 +178,7 @@ impl Scheduler {
             code_version: opts.code_version.clone(),
             host: crate::lease::host_name(),
             pid: std::process::id(),
+            pid_space: crate::lease::pid_space().to_string(),
             started_at: now,
             heartbeat_at: now,
             finished_at: None,
