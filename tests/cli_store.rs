@@ -313,6 +313,25 @@ fn gc_keeps_what_a_live_run_uses_even_if_no_pipeline_given_to_it_references_it()
 }
 
 #[test]
+fn gc_keeps_an_attempt_just_superseded_by_force_even_when_its_files_are_old() {
+    let dir = tempfile::tempdir().unwrap();
+    chain(dir.path());
+    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    let fp = fingerprint(dir.path(), "a");
+    let before = output_file(dir.path(), &fp);
+    // Written two hours ago, superseded now: a run that read the old manifest may still use it.
+    let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+    std::fs::File::options().write(true).open(&before).unwrap().set_modified(two_hours_ago).unwrap();
+    assert!(rao(&["run", "p.yaml", "--force", "a"], dir.path()).status.success());
+    assert_ne!(output_file(dir.path(), &fp), before, "--force made a new attempt");
+    let gc = rao(&["gc", "p.yaml", "--delete"], dir.path());
+    assert!(gc.status.success(), "{}", text(&gc));
+    assert!(before.exists(), "gc removed an attempt superseded a moment ago: {}", text(&gc));
+    let gc = rao(&["gc", "p.yaml", "--delete", "--min-age", "0"], dir.path());
+    assert!(gc.status.success() && !before.exists(), "{}", text(&gc));
+}
+
+#[test]
 fn gc_lists_then_removes_leftovers_and_what_no_pipeline_references() {
     let dir = tempfile::tempdir().unwrap();
     chain(dir.path());

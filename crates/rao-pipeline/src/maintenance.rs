@@ -184,7 +184,9 @@ pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool, mi
                 Referenced::None => true,
                 Referenced::Unknown => false,
             } && (is_attempt_id(attempt) || attempt == "out");
-            if (orphan || unwanted) && old(newest) {
+            // An attempt that `--force` has just superseded may still be read by a run holding
+            // the manifest before: it goes once the manifest that replaced it is old too.
+            if (orphan || unwanted) && old(newest) && files.manifest.is_none_or(old) {
                 let prefix = format!("{}/{attempt}/", crate::layout::object_dir(&fp));
                 report.bytes += bytes;
                 if delete {
