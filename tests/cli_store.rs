@@ -32,6 +32,15 @@ fn chain(dir: &Path) -> PathBuf {
     p
 }
 
+/// A folder with the chain, run once.
+fn chain_done() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    chain(dir.path());
+    let run = rao(&["run", "p.yaml"], dir.path());
+    assert!(run.status.success(), "{}", text(&run));
+    dir
+}
+
 fn ran(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("ran.log")).unwrap_or_default()
 }
@@ -56,9 +65,7 @@ fn output_file(dir: &Path, fp: &str) -> PathBuf {
 
 #[test]
 fn a_truncated_output_under_a_valid_manifest_is_recomputed_not_served() {
-    let dir = tempfile::tempdir().unwrap();
-    chain(dir.path());
-    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    let dir = chain_done();
     let good = std::fs::read(output_file(dir.path(), &fingerprint(dir.path(), "a"))).unwrap();
     // Truncate a's output: the next run finds it by size, sets it aside and recomputes a only.
     let path = output_file(dir.path(), &fingerprint(dir.path(), "a"));
@@ -102,9 +109,7 @@ fn a_truncated_output_under_a_valid_manifest_is_recomputed_not_served() {
 
 #[test]
 fn a_truncated_or_deleted_manifest_is_not_done_and_aborts_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    chain(dir.path());
-    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    let dir = chain_done();
     let fp = fingerprint(dir.path(), "b");
     let manifest = object_dir(dir.path(), &fp).join("MANIFEST.json");
     let bytes = std::fs::read(&manifest).unwrap();
@@ -127,9 +132,7 @@ fn a_truncated_or_deleted_manifest_is_not_done_and_aborts_nothing() {
 
 #[test]
 fn hostile_manifest_paths_are_refused_and_nothing_is_written_outside_the_store() {
-    let dir = tempfile::tempdir().unwrap();
-    chain(dir.path());
-    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    let dir = chain_done();
     // An attacker with write access to the store rewrites a's manifest to name files outside it.
     let fp = fingerprint(dir.path(), "a");
     let manifest = object_dir(dir.path(), &fp).join("MANIFEST.json");
@@ -265,9 +268,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[test]
 fn gc_keeps_the_outputs_of_a_manifest_it_cannot_read() {
-    let dir = tempfile::tempdir().unwrap();
-    chain(dir.path());
-    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    let dir = chain_done();
     let fp = fingerprint(dir.path(), "a");
     let out = output_file(dir.path(), &fp);
     // Damaged, or written by a newer rao: its outputs are not orphans until `verify --repair`
@@ -282,9 +283,7 @@ fn gc_keeps_the_outputs_of_a_manifest_it_cannot_read() {
 
 #[test]
 fn gc_keeps_what_a_live_run_uses_even_if_no_pipeline_given_to_it_references_it() {
-    let dir = tempfile::tempdir().unwrap();
-    chain(dir.path());
-    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    let dir = chain_done();
     let old_c = fingerprint(dir.path(), "c");
     let edited = std::fs::read_to_string(dir.path().join("p.yaml")).unwrap().replace("echo c >>", "echo c  >>");
     std::fs::write(dir.path().join("p.yaml"), edited).unwrap();
@@ -314,9 +313,7 @@ fn gc_keeps_what_a_live_run_uses_even_if_no_pipeline_given_to_it_references_it()
 
 #[test]
 fn gc_keeps_an_attempt_just_superseded_by_force_even_when_its_files_are_old() {
-    let dir = tempfile::tempdir().unwrap();
-    chain(dir.path());
-    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    let dir = chain_done();
     let fp = fingerprint(dir.path(), "a");
     let before = output_file(dir.path(), &fp);
     // Written two hours ago, superseded now: a run that read the old manifest may still use it.
@@ -333,9 +330,7 @@ fn gc_keeps_an_attempt_just_superseded_by_force_even_when_its_files_are_old() {
 
 #[test]
 fn gc_lists_then_removes_leftovers_and_what_no_pipeline_references() {
-    let dir = tempfile::tempdir().unwrap();
-    chain(dir.path());
-    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    let dir = chain_done();
     // Leftovers: an attempt no manifest names (a writer that lost the race) …
     let a = object_dir(dir.path(), &fingerprint(dir.path(), "a"));
     let attempt = output_file(dir.path(), &fingerprint(dir.path(), "a")).parent().unwrap().parent().unwrap().to_path_buf();
