@@ -753,13 +753,25 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let keep = if pipelines.is_empty() {
                 None
             } else {
-                let mut keep = std::collections::BTreeSet::new();
+                let mut keep = Some(std::collections::BTreeSet::new());
                 for p in &pipelines {
                     let c = rao_pipeline::load(p, &[], &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
                     let snap = rao_pipeline::snapshot::snapshot(&c, &store).await?;
-                    keep.extend(snap.fps.into_iter().flatten());
+                    // What a pipeline references is only known in full once its loops have
+                    // decided; until then nothing finished goes.
+                    if let Some(name) = snap.undetermined(&c) {
+                        eprintln!(
+                            "note: {}: `{name}` waits on a loop that has not decided (run the pipeline first); \
+                             every finished object is kept, only leftovers go",
+                            p.display()
+                        );
+                        keep = None;
+                    }
+                    if let Some(k) = keep.as_mut() {
+                        k.extend(snap.fps.into_iter().flatten());
+                    }
                 }
-                Some(keep)
+                keep
             };
             let report = rao_pipeline::maintenance::gc(&store, keep.as_ref(), delete, min_age).await?;
             if json {

@@ -19,6 +19,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// An instance whose fingerprint the store cannot tell yet (it waits on a loop that has not
+    /// decided where it stops), if there is one: then the fingerprints are not the whole pipeline.
+    pub fn undetermined<'a>(&self, c: &'a Compiled) -> Option<&'a str> {
+        (0..self.fps.len()).find(|&i| self.fps[i].is_none() && !self.skipped[i]).map(|i| c.instances[i].name.as_str())
+    }
+
     pub fn metric_of<'a>(&'a self, c: &'a Compiled, loop_idx: usize) -> impl Fn(usize) -> Option<Option<f64>> + 'a {
         move |j| {
             let stop = c.loops[loop_idx].stop.as_ref()?;

@@ -263,8 +263,13 @@ stages:
     registry.register(Arc::new(Counting));
     let c = Arc::new(compile_str("p.yaml", text, dir.path(), &[], &registry).unwrap_or_else(|d| panic!("{d}")));
     let exec = Arc::new(InProcess { registry: Arc::new(registry.clone()), store: store.clone(), reporter: Reporter::silent() });
+    // Before the run the store cannot tell what `final` will be (`rao gc` then keeps everything).
+    let undecided = rao_pipeline::snapshot::snapshot(&c, &store).await.unwrap();
+    assert_eq!(undecided.undetermined(&c), Some("final"));
     let r = rao_pipeline::run(c.clone(), exec.clone(), &store, RunOptions::default()).await.unwrap();
     assert_eq!(r.status, RunStatus::Succeeded);
+    let decided = rao_pipeline::snapshot::snapshot(&c, &store).await.unwrap();
+    assert_eq!(decided.undetermined(&c), None);
     for k in 1..=3 {
         assert_eq!(status_of(&r, &format!("step@{k}")), &InstanceStatus::Done);
     }
