@@ -215,15 +215,19 @@ pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool, mi
             report.removed.push(key);
         }
     }
-    let mut progress: BTreeMap<String, u64> = BTreeMap::new();
-    for (key, size) in store.list("progress/").await? {
+    // A stage's saved progress (to resume it): bytes and when it was last saved.
+    let mut progress: BTreeMap<String, (u64, SystemTime)> = BTreeMap::new();
+    for Listed { key, size, modified } in store.list_detailed("progress/").await? {
         if let Some(fp) = key.split('/').nth(1).filter(|fp| is_fingerprint(fp)) {
-            *progress.entry(fp.to_string()).or_default() += size;
+            let (bytes, newest) = progress.entry(fp.to_string()).or_insert((0, SystemTime::UNIX_EPOCH));
+            *bytes += size;
+            *newest = (*newest).max(modified);
         }
     }
-    for (fp, size) in progress {
+    for (fp, (size, newest)) in progress {
         let done = store.get_opt(&crate::layout::manifest_key(&fp)).await?.is_some();
-        if (done || keep.is_some_and(|k| !k.contains(&fp))) && !lease_live(&fp).await {
+        let unwanted = keep.is_some_and(|k| !k.contains(&fp)) && !in_use.contains(&fp) && old(newest);
+        if (done || unwanted) && !lease_live(&fp).await {
             let prefix = format!("{}/", crate::layout::progress_prefix(&fp));
             if delete {
                 store.delete_prefix(&prefix).await?;
