@@ -435,8 +435,6 @@ async fn compare_arm(
     Ok(rao_results::compare::Arm { file: file.display().to_string(), name, resolved, runs })
 }
 
-/// A store given on the command line: a relative path is taken from the current directory,
-/// as every command-line tool does (a `store:` in the file is relative to the file).
 /// `rao gc --min-age`: a duration as pipeline files write them, or `0`.
 fn parse_min_age(text: &str) -> Result<std::time::Duration, String> {
     if text.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()).trim().parse::<f64>() == Ok(0.0) {
@@ -445,6 +443,8 @@ fn parse_min_age(text: &str) -> Result<std::time::Duration, String> {
     rao_pipeline::spec::Duration::parse(text).map(|d| d.0)
 }
 
+/// A store given on the command line: a relative path is taken from the current directory,
+/// as every command-line tool does (a `store:` in the file is relative to the file).
 fn cli_store_url(s: &str) -> anyhow::Result<String> {
     if s.contains("://") || std::path::Path::new(s).is_absolute() {
         return Ok(s.to_string());

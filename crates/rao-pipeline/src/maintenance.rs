@@ -47,6 +47,12 @@ struct ObjectFiles {
     attempts: BTreeMap<String, (u64, SystemTime)>,
 }
 
+/// Add a file to a group's (total bytes, newest write).
+fn tally(group: &mut (u64, SystemTime), size: u64, modified: SystemTime) {
+    group.0 += size;
+    group.1 = group.1.max(modified);
+}
+
 async fn objects(store: &Store) -> StoreResult<BTreeMap<String, ObjectFiles>> {
     let mut by_fp: BTreeMap<String, ObjectFiles> = BTreeMap::new();
     for Listed { key, size, modified } in store.list_detailed("objects/").await? {
@@ -57,9 +63,7 @@ async fn objects(store: &Store) -> StoreResult<BTreeMap<String, ObjectFiles>> {
         if rest == "MANIFEST.json" {
             entry.manifest = Some(modified);
         } else if let Some((attempt, _)) = rest.split_once('/') {
-            let (bytes, newest) = entry.attempts.entry(attempt.to_string()).or_insert((0, SystemTime::UNIX_EPOCH));
-            *bytes += size;
-            *newest = (*newest).max(modified);
+            tally(entry.attempts.entry(attempt.to_string()).or_insert((0, SystemTime::UNIX_EPOCH)), size, modified);
         }
     }
     Ok(by_fp)
@@ -219,9 +223,7 @@ pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool, mi
     let mut progress: BTreeMap<String, (u64, SystemTime)> = BTreeMap::new();
     for Listed { key, size, modified } in store.list_detailed("progress/").await? {
         if let Some(fp) = key.split('/').nth(1).filter(|fp| is_fingerprint(fp)) {
-            let (bytes, newest) = progress.entry(fp.to_string()).or_insert((0, SystemTime::UNIX_EPOCH));
-            *bytes += size;
-            *newest = (*newest).max(modified);
+            tally(progress.entry(fp.to_string()).or_insert((0, SystemTime::UNIX_EPOCH)), size, modified);
         }
     }
     for (fp, (size, newest)) in progress {

@@ -230,8 +230,7 @@ impl Store {
         }
     }
 
-    /// Every object under `prefix` (recursively), as (key relative to the store, size).
-    /// Every key under `prefix` with its size, sorted.
+    /// Every object under `prefix` (recursively), as (key relative to the store, size), sorted.
     pub async fn list(&self, prefix: &str) -> StoreResult<Vec<(String, u64)>> {
         Ok(self.list_detailed(prefix).await?.into_iter().map(|l| (l.key, l.size)).collect())
     }
