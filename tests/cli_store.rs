@@ -363,3 +363,25 @@ fn gc_lists_then_removes_leftovers_and_what_no_pipeline_references() {
     assert!(text(&again).contains("3 cached") || text(&again).matches("cached").count() >= 3, "{}", text(&again));
     assert_eq!(ran(dir.path()).lines().count(), 4, "nothing recomputed after gc: {}", ran(dir.path()));
 }
+
+#[test]
+fn gc_stopped_by_a_store_error_says_what_it_removed_before_and_fails() {
+    let dir = chain_done();
+    let old_c = fingerprint(dir.path(), "c");
+    let edited = std::fs::read_to_string(dir.path().join("p.yaml")).unwrap().replace("echo c >>", "echo c  >>");
+    std::fs::write(dir.path().join("p.yaml"), edited).unwrap();
+    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    // An object listed after old c's whose manifest cannot be read (a folder where the file
+    // should be: the read fails, as a store that errors would).
+    let last = "f".repeat(32);
+    std::fs::create_dir_all(object_dir(dir.path(), &last).join("MANIFEST.json")).unwrap();
+    std::fs::write(object_dir(dir.path(), &last).join("MANIFEST.json/x"), b"x").unwrap();
+
+    let gc = rao(&["gc", "p.yaml", "--delete", "--min-age", "0"], dir.path());
+    let (out, err) = (String::from_utf8_lossy(&gc.stdout).to_string(), String::from_utf8_lossy(&gc.stderr).to_string());
+    assert!(!gc.status.success(), "{out}{err}");
+    assert!(out.contains(&format!("removed objects/{}/{old_c}", &old_c[..2])), "what went before the error is listed: {out}");
+    assert!(err.contains("gc stopped part way") && err.contains(&last), "{err}");
+    assert!(!object_dir(dir.path(), &old_c).exists());
+    assert!(object_dir(dir.path(), &last).join("MANIFEST.json/x").exists(), "nothing after the error went");
+}

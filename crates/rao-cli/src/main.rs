@@ -773,20 +773,28 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 keep
             };
-            let report = rao_pipeline::maintenance::gc(&store, keep.as_ref(), delete, min_age).await?;
+            let report = rao_pipeline::maintenance::gc(&store, keep.as_ref(), delete, min_age).await;
+            let verb = if delete { "removed" } else { "would remove" };
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 for r in &report.removed {
-                    println!("{} {r}", if delete { "removed" } else { "would remove" });
+                    println!("{verb} {r}");
                 }
                 println!(
-                    "{} {} objects or prefixes, {} bytes{}",
-                    if delete { "removed" } else { "would remove" },
+                    "{verb} {} objects or prefixes, {} bytes{}",
                     report.removed.len(),
                     report.bytes,
                     if delete { "" } else { " (dry run: pass --delete)" }
                 );
+            }
+            if let Some(e) = &report.stopped_by {
+                eprintln!(
+                    "error: gc stopped part way: {e}\n  what is listed above {}; the rest was not looked at. \
+                     Run it again once the store answers.",
+                    if delete { "was removed" } else { "would go" }
+                );
+                return Ok(ExitCode::FAILURE);
             }
         }
         Command::Schema => print!("{}", rao_pipeline::schema::pipeline_schema_text(&registry)),

@@ -151,14 +151,32 @@ pub struct GcReport {
     pub removed: Vec<String>,
     pub bytes: u64,
     pub deleted: bool,
+    /// The store error that stopped gc part way; what `removed` lists went (or would go) before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
 }
 
 /// Collect garbage. `keep`: fingerprints of every instance of the pipelines to keep (`None`:
 /// keep every finished object, remove only leftovers). Nothing written less than `min_age` ago
 /// goes (by the store's clock, against this machine's): a run elsewhere may be publishing it, or
 /// using it under overrides `keep` does not know.
-pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool, min_age: Duration) -> StoreResult<GcReport> {
+/// A store error stops it (a failing store is not asked again and again); the report then says
+/// what went before the error and what the error was.
+pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool, min_age: Duration) -> GcReport {
     let mut report = GcReport { deleted: delete, ..Default::default() };
+    if let Err(e) = collect(store, keep, delete, min_age, &mut report).await {
+        report.stopped_by = Some(e.to_string());
+    }
+    report
+}
+
+async fn collect(
+    store: &Store,
+    keep: Option<&BTreeSet<String>>,
+    delete: bool,
+    min_age: Duration,
+    report: &mut GcReport,
+) -> StoreResult<()> {
     report.removed.extend(dead_staging(store, delete));
     // A lease that cannot be read counts as live: when in doubt, nothing goes.
     let lease_live = |fp: &str| {
@@ -192,10 +210,10 @@ pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool, mi
             // the manifest before: it goes once the manifest that replaced it is old too.
             if (orphan || unwanted) && old(newest) && files.manifest.is_none_or(old) {
                 let prefix = format!("{}/{attempt}/", crate::layout::object_dir(&fp));
-                report.bytes += bytes;
                 if delete {
                     store.delete_prefix(&prefix).await?;
                 }
+                report.bytes += bytes;
                 report.removed.push(prefix);
             }
         }
@@ -203,8 +221,9 @@ pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool, mi
             let key = crate::layout::manifest_key(&fp);
             if delete {
                 store.delete(&key).await?;
-                // What is left of the object is empty folders (local stores).
-                store.delete_prefix(&format!("{}/", crate::layout::object_dir(&fp))).await?;
+                // What is left of the object is empty folders (local stores). Only empty ones go:
+                // a run that found the manifest gone may be publishing a new attempt there now.
+                store.remove_empty_folders(&crate::layout::object_dir(&fp));
             }
             report.removed.push(key);
         }
@@ -238,5 +257,5 @@ pub async fn gc(store: &Store, keep: Option<&BTreeSet<String>>, delete: bool, mi
             report.removed.push(prefix);
         }
     }
-    Ok(report)
+    Ok(())
 }

@@ -293,6 +293,14 @@ impl Store {
         Ok(())
     }
 
+    /// Remove the empty folders under `prefix`, and the folder itself once empty (local stores;
+    /// a bucket has no folders). A folder with a file in it stays. Best effort.
+    pub fn remove_empty_folders(&self, prefix: &str) {
+        if let Some(path) = self.plain_local_path(prefix.trim_end_matches('/')) {
+            local::remove_empty_dirs(&path);
+        }
+    }
+
     /// Write an object only if none exists under `key` (`If-None-Match: *` on S3, a hard link
     /// locally): `true` if this call created it, `false` if another writer was first.
     pub async fn put_if_absent(&self, key: &str, bytes: Bytes) -> StoreResult<bool> {
@@ -482,6 +490,19 @@ mod local {
         result
     }
 
+    /// Remove `dir`'s empty subfolders, deepest first, then `dir` if it is empty (`remove_dir`
+    /// refuses a folder with anything in it). Links are not followed.
+    pub fn remove_empty_dirs(dir: &Path) {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove_empty_dirs(&e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+
     /// Every file under `dir` as (key relative to `root`, size), sorted; temporary files skipped.
     pub fn list(root: &Path, dir: &Path) -> std::io::Result<Vec<super::Listed>> {
         let mut out = Vec::new();
@@ -600,6 +621,22 @@ mod tests {
             let _ = store.put("../escaped", Bytes::from_static(b"x")).await;
             assert!(!dir.path().parent().unwrap().join("escaped").exists());
         });
+    }
+
+    #[test]
+    fn removing_empty_folders_keeps_every_folder_with_a_file_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(".", dir.path()).unwrap();
+        let obj = dir.path().join("objects/ab/abc");
+        std::fs::create_dir_all(obj.join("a-1/out/deep")).unwrap();
+        std::fs::create_dir_all(obj.join("a-2/out")).unwrap();
+        std::fs::write(obj.join("a-2/out/v"), b"new").unwrap();
+        store.remove_empty_folders("objects/ab/abc/");
+        assert!(!obj.join("a-1").exists(), "empty folders go");
+        assert_eq!(std::fs::read(obj.join("a-2/out/v")).unwrap(), b"new", "a file published meanwhile stays");
+        std::fs::remove_file(obj.join("a-2/out/v")).unwrap();
+        store.remove_empty_folders("objects/ab/abc");
+        assert!(!obj.exists() && dir.path().join("objects/ab").exists(), "the folder itself goes once empty, not its parent");
     }
 
     #[test]
