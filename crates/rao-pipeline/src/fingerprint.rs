@@ -39,11 +39,26 @@ pub struct FpParts {
     #[serde(default)]
     pub extra: String,
     /// input name → "FINGERPRINT/OUTPUT" of each upstream artifact.
-    pub inputs: BTreeMap<String, Vec<String>>,
+    pub inputs: FpInputs,
 }
 
-impl FpParts {
-    pub fn fingerprint(&self) -> String {
+/// Input name → `FINGERPRINT/OUTPUT` of each upstream artifact, as a fingerprint names them.
+pub type FpInputs = BTreeMap<String, Vec<String>>;
+
+/// The fields of a fingerprint, borrowed: hashed in place from the plan or from `FpParts`.
+struct Fields<'a> {
+    kind: &'a str,
+    kind_version: u32,
+    code: &'a str,
+    machine: &'a str,
+    params: &'a Value,
+    seed: u64,
+    extra: &'a str,
+    inputs: &'a FpInputs,
+}
+
+impl Fields<'_> {
+    fn fingerprint(&self) -> String {
         // The fields go into one buffer and are hashed at once: the same bytes as hashing each
         // field as it comes, without a hasher call per field.
         let mut buf = Vec::with_capacity(512);
@@ -59,13 +74,13 @@ impl FpParts {
         // Canonical params written in place, behind a length patched in afterwards.
         let at = buf.len();
         buf.extend_from_slice(&[0; 8]);
-        canonical_into(&self.params, &mut buf);
+        canonical_into(self.params, &mut buf);
         let len = (buf.len() - at - 8) as u64;
         buf[at..at + 8].copy_from_slice(&len.to_le_bytes());
         field(&mut buf, &self.seed.to_le_bytes());
         field(&mut buf, self.extra.as_bytes());
         field(&mut buf, &(self.inputs.len() as u64).to_le_bytes());
-        for (name, srcs) in &self.inputs {
+        for (name, srcs) in self.inputs {
             field(&mut buf, name.as_bytes());
             field(&mut buf, &(srcs.len() as u64).to_le_bytes());
             for s in srcs {
@@ -73,6 +88,22 @@ impl FpParts {
             }
         }
         blake3::hash(&buf).to_hex()[..32].to_string()
+    }
+}
+
+impl FpParts {
+    pub fn fingerprint(&self) -> String {
+        Fields {
+            kind: &self.kind,
+            kind_version: self.kind_version,
+            code: &self.code,
+            machine: &self.machine,
+            params: &self.params,
+            seed: self.seed,
+            extra: &self.extra,
+            inputs: &self.inputs,
+        }
+        .fingerprint()
     }
 
     /// Why `self` (new) differs from `old`: "params.lr changed 0.1 → 0.2", "input tasks changed", …
@@ -180,16 +211,47 @@ impl Compiled {
     /// The fingerprint parts of instance `i`, given upstream fingerprints and loop decisions.
     /// `None` when something it depends on is not known yet.
     pub fn fp_parts(&self, i: usize, fp: impl Fn(usize) -> Option<String>, loop_exit: impl Fn(usize) -> Option<u32>) -> Option<FpParts> {
-        let inst = &self.instances[i];
+        Some(self.parts_with(i, self.fp_inputs(i, fp, loop_exit)?))
+    }
+
+    /// The fingerprint of instance `i` (as `fp_parts(…).fingerprint()`, without copying its params).
+    pub fn fingerprint(&self, i: usize, fp: impl Fn(usize) -> Option<String>, loop_exit: impl Fn(usize) -> Option<u32>) -> Option<String> {
+        Some(self.fingerprint_with(i, &self.fp_inputs(i, fp, loop_exit)?))
+    }
+
+    /// The upstream artifacts of instance `i`; `None` when one is not known yet.
+    pub fn fp_inputs(&self, i: usize, fp: impl Fn(usize) -> Option<String>, loop_exit: impl Fn(usize) -> Option<u32>) -> Option<FpInputs> {
         let mut inputs = BTreeMap::new();
-        for (name, sources) in &inst.inputs {
+        for (name, sources) in &self.instances[i].inputs {
             let mut v = Vec::new();
             for (producer, output) in self.resolve_sources(sources, &loop_exit)? {
                 v.push(format!("{}/{}", fp(producer)?, output));
             }
             inputs.insert(name.clone(), v);
         }
-        Some(FpParts {
+        Some(inputs)
+    }
+
+    /// The fingerprint of instance `i` with these upstream artifacts, hashed from the plan in place.
+    pub fn fingerprint_with(&self, i: usize, inputs: &FpInputs) -> String {
+        let inst = &self.instances[i];
+        Fields {
+            kind: &inst.kind,
+            kind_version: inst.kind_version,
+            code: &inst.code,
+            machine: &inst.machine,
+            params: &inst.resolved_params,
+            seed: inst.seed,
+            extra: &inst.extra,
+            inputs,
+        }
+        .fingerprint()
+    }
+
+    /// The fingerprint parts of instance `i` with these upstream artifacts, owned.
+    pub fn parts_with(&self, i: usize, inputs: FpInputs) -> FpParts {
+        let inst = &self.instances[i];
+        FpParts {
             kind: inst.kind.clone(),
             kind_version: inst.kind_version,
             code: inst.code.clone(),
@@ -198,7 +260,7 @@ impl Compiled {
             seed: inst.seed,
             extra: inst.extra.clone(),
             inputs,
-        })
+        }
     }
 
     /// Concrete (producer instance, output) pairs behind a list of sources.

@@ -64,7 +64,7 @@ fn plan_fingerprints(c: &Compiled, skip: &[bool]) -> Vec<Option<String>> {
     let exits: Vec<Option<u32>> = c.loops.iter().map(|l| l.exit_iteration(|_| None)).collect();
     let mut fps: Vec<Option<String>> = vec![None; c.instances.len()];
     for &i in &c.order {
-        fps[i] = c.fp_parts(i, |j| fps[j].clone(), |l| exits[l]).map(|p| p.fingerprint());
+        fps[i] = c.fingerprint(i, |j| fps[j].clone(), |l| exits[l]);
     }
     for (fp, &skip) in fps.iter_mut().zip(skip) {
         if skip {

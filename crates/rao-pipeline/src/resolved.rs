@@ -54,9 +54,14 @@ impl ResolvedPipeline {
         crate::overrides::unused_params(self.value(), overrides)
     }
 
-    /// What a run record writes: the redacted pipeline, as JSON.
+    /// What a run record writes: the redacted pipeline, as JSON. The text is checked here, once
+    /// for a run that writes its record several times (it may come from the plan cache); text
+    /// that is not JSON is replaced by the value, redacted when written.
     pub fn for_record(&self) -> RecordedPipeline {
-        RecordedPipeline::Rendered(self.record_text.clone())
+        match RawValue::from_string(self.record_text.clone()) {
+            Ok(raw) => RecordedPipeline::Rendered(raw),
+            Err(_) => RecordedPipeline::Read((**self.value()).clone()),
+        }
     }
 }
 
@@ -79,17 +84,14 @@ impl std::ops::Deref for ResolvedPipeline {
 /// when a record is read back (already redacted; written again as it is).
 #[derive(Debug, Clone)]
 pub enum RecordedPipeline {
-    Rendered(String),
+    Rendered(Box<RawValue>),
     Read(Value),
 }
 
 impl Serialize for RecordedPipeline {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            RecordedPipeline::Rendered(text) => {
-                let raw: &RawValue = serde_json::from_str(text).map_err(serde::ser::Error::custom)?;
-                raw.serialize(s)
-            }
+            RecordedPipeline::Rendered(raw) => raw.serialize(s),
             RecordedPipeline::Read(v) => Redacted(v).serialize(s),
         }
     }

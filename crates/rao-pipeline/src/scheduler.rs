@@ -380,14 +380,14 @@ impl Scheduler {
                 continue;
             }
             self.decide_loops(i);
-            let Some(parts) = c.fp_parts(i, |j| self.fps[j].clone(), |l| self.loop_exit[l]) else {
+            let Some(inputs) = c.fp_inputs(i, |j| self.fps[j].clone(), |l| self.loop_exit[l]) else {
                 let why = "its inputs could not be resolved".to_string();
                 self.mark(i, InstanceStatus::Failed, Some(why.clone()));
                 self.emit(Event::Failed { instance: inst.name.clone(), error: why.clone() });
                 self.settle(i, Some(why));
                 continue;
             };
-            let fp = parts.fingerprint();
+            let fp = c.fingerprint_with(i, &inputs);
             self.fps[i] = Some(fp.clone());
             self.record.instances[i].fingerprint = Some(fp.clone());
             if !self.forced[i]
@@ -419,7 +419,7 @@ impl Scheduler {
                 continue;
             }
             self.put_on_record().await;
-            self.launch(i, parts, fp, need_cpu, need_gpu);
+            self.launch(i, c.parts_with(i, inputs), fp, need_cpu, need_gpu);
         }
         Ok(())
     }

@@ -417,17 +417,18 @@ mod local {
             std::fs::File::open(self.root.join(rel))
         }
 
-        /// A whole file with one system call fewer than `std::fs::read` for the small objects
+        /// A whole file in two system calls fewer than `std::fs::read` for the small objects
         /// most reads are (manifests: a fully cached run reads one per stage): no `fstat` for a
-        /// size hint unless the first read fills its buffer, and no zeroing of the buffer.
+        /// size hint and no read that finds the end, unless the first read fills its buffer.
         pub fn read(&self, rel: &str) -> std::io::Result<Vec<u8>> {
             use std::io::Read;
             const FIRST_READ: usize = 16 << 10;
             let mut file = self.open_file(rel)?;
             let mut buf = Vec::with_capacity(FIRST_READ);
-            // Through `Take`, not `File`: a `File` asks the file system for its size first.
-            (&mut file).take(FIRST_READ as u64).read_to_end(&mut buf)?;
-            if buf.len() == FIRST_READ {
+            let n = first_read(&mut file, &mut buf)?;
+            // A read of a regular file returns less than asked only at its end. Objects are
+            // written whole and renamed into place, so a short read is the whole object.
+            if n == FIRST_READ {
                 file.read_to_end(&mut buf)?;
             }
             Ok(buf)
@@ -449,6 +450,32 @@ mod local {
         pub fn size(&self, rel: &str) -> std::io::Result<u64> {
             Ok(std::fs::metadata(self.root.join(rel))?.len())
         }
+    }
+
+    /// One read into `buf`'s spare capacity (not zeroed first); the number of bytes read.
+    #[cfg(unix)]
+    fn first_read(file: &mut std::fs::File, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        loop {
+            let spare = buf.spare_capacity_mut();
+            // SAFETY: the kernel writes at most `spare.len()` bytes into the vector's spare
+            // capacity, and `set_len` covers only the bytes it wrote.
+            let n = unsafe { libc::read(file.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len()) };
+            if n >= 0 {
+                unsafe { buf.set_len(buf.len() + n as usize) };
+                return Ok(n as usize);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    fn first_read(file: &mut std::fs::File, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+        use std::io::Read;
+        let want = buf.capacity() as u64;
+        file.take(want).read_to_end(buf)
     }
 
     #[cfg(unix)]
