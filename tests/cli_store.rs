@@ -52,6 +52,14 @@ fn fingerprint(dir: &Path, instance: &str) -> String {
     rows.as_array().unwrap().iter().find(|r| r["instance"] == instance).unwrap()["fingerprint"].as_str().unwrap().to_string()
 }
 
+/// Change stage c's command in the pipeline file; c's fingerprint before the change.
+fn edit_c(dir: &Path) -> String {
+    let old_c = fingerprint(dir, "c");
+    let edited = std::fs::read_to_string(dir.join("p.yaml")).unwrap().replace("echo c >>", "echo c  >>");
+    std::fs::write(dir.join("p.yaml"), edited).unwrap();
+    old_c
+}
+
 fn object_dir(dir: &Path, fp: &str) -> PathBuf {
     dir.join(".rao/store/objects").join(&fp[..2]).join(fp)
 }
@@ -284,9 +292,7 @@ fn gc_keeps_the_outputs_of_a_manifest_it_cannot_read() {
 #[test]
 fn gc_keeps_what_a_live_run_uses_even_if_no_pipeline_given_to_it_references_it() {
     let dir = chain_done();
-    let old_c = fingerprint(dir.path(), "c");
-    let edited = std::fs::read_to_string(dir.path().join("p.yaml")).unwrap().replace("echo c >>", "echo c  >>");
-    std::fs::write(dir.path().join("p.yaml"), edited).unwrap();
+    let old_c = edit_c(dir.path());
     // A run of the old file still going (on record and marked active, its process alive: this
     // one), e.g. started with `--set` values that gc is not told about.
     let store = dir.path().join(".rao/store");
@@ -336,9 +342,7 @@ fn gc_lists_then_removes_leftovers_and_what_no_pipeline_references() {
     let attempt = output_file(dir.path(), &fingerprint(dir.path(), "a")).parent().unwrap().parent().unwrap().to_path_buf();
     copy_dir(&attempt, &a.join("a-00000000000000ff"));
     // … and an old version of the pipeline's objects (c's command changed since).
-    let old_c = fingerprint(dir.path(), "c");
-    let edited = std::fs::read_to_string(dir.path().join("p.yaml")).unwrap().replace("echo c >>", "echo c  >>");
-    std::fs::write(dir.path().join("p.yaml"), edited).unwrap();
+    let old_c = edit_c(dir.path());
     assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
     assert_ne!(fingerprint(dir.path(), "c"), old_c);
 
@@ -367,9 +371,7 @@ fn gc_lists_then_removes_leftovers_and_what_no_pipeline_references() {
 #[test]
 fn gc_stopped_by_a_store_error_says_what_it_removed_before_and_fails() {
     let dir = chain_done();
-    let old_c = fingerprint(dir.path(), "c");
-    let edited = std::fs::read_to_string(dir.path().join("p.yaml")).unwrap().replace("echo c >>", "echo c  >>");
-    std::fs::write(dir.path().join("p.yaml"), edited).unwrap();
+    let old_c = edit_c(dir.path());
     assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
     // An object listed after old c's whose manifest cannot be read (a folder where the file
     // should be: the read fails, as a store that errors would).
