@@ -789,12 +789,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
             }
             if let Some(e) = &report.stopped_by {
+                // A store error, like every other command's: exit 2, after the report of what went.
                 eprintln!(
-                    "error: gc stopped part way: {e}\n  what is listed above {}; the rest was not looked at. \
+                    "error: gc stopped part way: {e}\n  what the report lists {}; the rest was not looked at. \
                      Run it again once the store answers.",
                     if delete { "was removed" } else { "would go" }
                 );
-                return Ok(ExitCode::FAILURE);
+                return Ok(ExitCode::from(2));
             }
         }
         Command::Schema => print!("{}", rao_pipeline::schema::pipeline_schema_text(&registry)),

@@ -87,13 +87,7 @@ pub async fn publish(
         // directory is new, so the rename cannot meet anything already there.
         if let (Some(t), false) = (&target, entries.is_empty()) {
             // Only the first output of an attempt needs its parent made.
-            if let Err(e) = std::fs::rename(&dir, t) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    return Err(e.into());
-                }
-                std::fs::create_dir_all(t.parent().expect("an output path has a parent"))?;
-                std::fs::rename(&dir, t)?;
-            }
+            crate::store::local::making_parent(t, || std::fs::rename(&dir, t))?;
         }
         files_by_output.insert(out.clone(), entries);
     }

@@ -359,7 +359,7 @@ pub struct Listed {
     pub modified: std::time::SystemTime,
 }
 
-mod local {
+pub(crate) mod local {
     use std::io::Write;
     use std::path::Path;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -417,20 +417,14 @@ mod local {
             std::fs::File::open(self.root.join(rel))
         }
 
-        /// A whole file in two system calls fewer than `std::fs::read` for the small objects
+        /// A whole file with one system call fewer than `std::fs::read` for the small objects
         /// most reads are (manifests: a fully cached run reads one per stage): no `fstat` for a
-        /// size hint and no read that finds the end, unless the first read fills its buffer.
+        /// size hint. It reads on until a read finds the end: a short read is not the end on
+        /// every filesystem (FUSE, network mounts).
         pub fn read(&self, rel: &str) -> std::io::Result<Vec<u8>> {
             use std::io::Read;
-            const FIRST_READ: usize = 16 << 10;
-            let mut file = self.open_file(rel)?;
-            let mut buf = Vec::with_capacity(FIRST_READ);
-            let n = first_read(&mut file, &mut buf)?;
-            // A read of a regular file returns less than asked only at its end. Objects are
-            // written whole and renamed into place, so a short read is the whole object.
-            if n == FIRST_READ {
-                file.read_to_end(&mut buf)?;
-            }
+            let mut buf = Vec::with_capacity(16 << 10);
+            self.open_file(rel)?.read_to_end(&mut buf)?;
             Ok(buf)
         }
 
@@ -452,32 +446,6 @@ mod local {
         }
     }
 
-    /// One read into `buf`'s spare capacity (not zeroed first); the number of bytes read.
-    #[cfg(unix)]
-    fn first_read(file: &mut std::fs::File, buf: &mut Vec<u8>) -> std::io::Result<usize> {
-        use std::os::fd::AsRawFd;
-        loop {
-            let spare = buf.spare_capacity_mut();
-            // SAFETY: the kernel writes at most `spare.len()` bytes into the vector's spare
-            // capacity, and `set_len` covers only the bytes it wrote.
-            let n = unsafe { libc::read(file.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len()) };
-            if n >= 0 {
-                unsafe { buf.set_len(buf.len() + n as usize) };
-                return Ok(n as usize);
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    fn first_read(file: &mut std::fs::File, buf: &mut Vec<u8>) -> std::io::Result<usize> {
-        use std::io::Read;
-        let want = buf.capacity() as u64;
-        file.take(want).read_to_end(buf)
-    }
-
     #[cfg(unix)]
     fn c_name(rel: &str) -> std::io::Result<std::ffi::CString> {
         std::ffi::CString::new(rel).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL byte in a file name"))
@@ -493,13 +461,7 @@ mod local {
         let written = (|| {
             // The folder is made only when missing: most writes go to one that exists (a mkdir
             // and a stat fewer each).
-            let mut f = match std::fs::File::create(&tmp) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    std::fs::create_dir_all(parent)?;
-                    std::fs::File::create(&tmp)?
-                }
-                f => f?,
-            };
+            let mut f = making_parent(&tmp, || std::fs::File::create(&tmp))?;
             f.write_all(bytes)?;
             f.flush()
         })();
@@ -517,9 +479,29 @@ mod local {
         result
     }
 
+    /// `op` (a create or rename at `path`), making `path`'s folder when it is missing. The folder
+    /// is made only then: most writes go to one that exists (a mkdir and a stat fewer each). It
+    /// tries again a few times because `rao gc` may remove an empty folder just made.
+    pub fn making_parent<T>(path: &Path, mut op: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+        let parent = path.parent().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"))?;
+        let mut tries = 0;
+        loop {
+            match op() {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 8 => {
+                    tries += 1;
+                    std::fs::create_dir_all(parent)?;
+                }
+                result => return result,
+            }
+        }
+    }
+
     /// Remove `dir`'s empty subfolders, deepest first, then `dir` if it is empty (`remove_dir`
-    /// refuses a folder with anything in it). Links are not followed.
+    /// refuses a folder with anything in it). Links are not followed, `dir` itself included.
     pub fn remove_empty_dirs(dir: &Path) {
+        if !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+            return;
+        }
         if let Ok(entries) = std::fs::read_dir(dir) {
             for e in entries.flatten() {
                 if e.file_type().is_ok_and(|t| t.is_dir()) {
@@ -664,6 +646,21 @@ mod tests {
         std::fs::remove_file(obj.join("a-2/out/v")).unwrap();
         store.remove_empty_folders("objects/ab/abc");
         assert!(!obj.exists() && dir.path().join("objects/ab").exists(), "the folder itself goes once empty, not its parent");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn removing_empty_folders_never_goes_through_a_link() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(outside.path().join("empty/inner")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(".", dir.path()).unwrap();
+        std::fs::create_dir_all(dir.path().join("objects/ab/abc")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("objects/ab/abd")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("empty"), dir.path().join("objects/ab/abc/a-1")).unwrap();
+        store.remove_empty_folders("objects/ab/abd");
+        store.remove_empty_folders("objects/ab/abc");
+        assert!(outside.path().join("empty/inner").is_dir(), "an empty folder behind a link stays");
     }
 
     #[test]
