@@ -419,12 +419,19 @@ pub(crate) mod local {
 
         /// A whole file with one system call fewer than `std::fs::read` for the small objects
         /// most reads are (manifests: a fully cached run reads one per stage): no `fstat` for a
-        /// size hint. It reads on until a read finds the end: a short read is not the end on
-        /// every filesystem (FUSE, network mounts).
+        /// size hint unless the first read fills its buffer, and no zeroing of the buffer. It
+        /// reads on until a read finds the end: a short read is not the end on every filesystem
+        /// (FUSE, network mounts).
         pub fn read(&self, rel: &str) -> std::io::Result<Vec<u8>> {
             use std::io::Read;
-            let mut buf = Vec::with_capacity(16 << 10);
-            self.open_file(rel)?.read_to_end(&mut buf)?;
+            const FIRST_READ: usize = 16 << 10;
+            let mut file = self.open_file(rel)?;
+            let mut buf = Vec::with_capacity(FIRST_READ);
+            // Through `Take`, not `File`: a `File` asks the file system for its size first.
+            (&mut file).take(FIRST_READ as u64).read_to_end(&mut buf)?;
+            if buf.len() == FIRST_READ {
+                file.read_to_end(&mut buf)?;
+            }
             Ok(buf)
         }
 
