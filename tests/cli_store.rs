@@ -387,3 +387,37 @@ fn gc_stopped_by_a_store_error_says_what_it_removed_before_and_fails() {
     assert!(!object_dir(dir.path(), &old_c).exists());
     assert!(object_dir(dir.path(), &last).join("MANIFEST.json/x").exists(), "nothing after the error went");
 }
+
+#[test]
+fn gc_removes_what_killed_writers_left_half_written_once_it_is_old() {
+    let dir = chain_done();
+    let a = object_dir(dir.path(), &fingerprint(dir.path(), "a"));
+    // Temporaries as a writer killed between writing and renaming leaves them: one from two
+    // hours ago, one from a writer that may still be at work.
+    let stale = a.join(".MANIFEST.json.rao-tmp.4000000.0");
+    let fresh = a.join(".MANIFEST.json.rao-tmp.4000000.1");
+    std::fs::write(&stale, b"{\"half").unwrap();
+    std::fs::write(&fresh, b"{\"half").unwrap();
+    let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+    std::fs::File::options().write(true).open(&stale).unwrap().set_modified(two_hours_ago).unwrap();
+
+    let dry = rao(&["gc", "p.yaml"], dir.path());
+    assert!(dry.status.success() && text(&dry).contains(".MANIFEST.json.rao-tmp.4000000.0"), "{}", text(&dry));
+    assert!(stale.exists(), "a dry run deleted something");
+    let gc = rao(&["gc", "p.yaml", "--delete"], dir.path());
+    assert!(gc.status.success(), "{}", text(&gc));
+    assert!(!stale.exists(), "an old temporary stays: {}", text(&gc));
+    assert!(fresh.exists(), "gc removed a temporary written a moment ago: {}", text(&gc));
+    assert!(rao(&["verify", "p.yaml"], dir.path()).status.success());
+
+    // An object no pipeline references goes whole, though a killed writer left a file in it.
+    let old_c = edit_c(dir.path());
+    assert!(rao(&["run", "p.yaml"], dir.path()).status.success());
+    std::fs::write(object_dir(dir.path(), &old_c).join(".MANIFEST.json.rao-tmp.4000000.2"), b"{").unwrap();
+    let gc = rao(&["gc", "p.yaml", "--delete", "--min-age", "0"], dir.path());
+    assert!(gc.status.success(), "{}", text(&gc));
+    assert!(!object_dir(dir.path(), &old_c).exists(), "{}", text(&gc));
+    let again = rao(&["run", "p.yaml"], dir.path());
+    assert!(again.status.success(), "{}", text(&again));
+    assert_eq!(ran(dir.path()).lines().count(), 4, "nothing recomputed after gc: {}", ran(dir.path()));
+}

@@ -174,8 +174,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Remove what nothing needs: staging of dead runs, attempts no manifest names, lapsed
-    /// leases — and, given pipeline files, every object none of them references — if it was
+    /// Remove what nothing needs: staging of dead runs, attempts no manifest names, files a
+    /// killed writer left half-written, lapsed leases — and, given pipeline files, every object none of them references — if it was
     /// written at least --min-age ago. Dry run unless --delete.
     Gc {
         /// Pipelines whose artifacts to keep (their current fingerprints). None: keep every

@@ -228,6 +228,24 @@ async fn collect(
             report.removed.push(key);
         }
     }
+    // A writer killed between writing a file and renaming it into place leaves the temporary
+    // (local stores). It goes once old, unless a live lease says its object is being written.
+    for (prefix, fp_at) in [("objects/", 2), ("leases/", 2), ("progress/", 1)] {
+        for Listed { key, size, modified } in store.temporaries(prefix)? {
+            let fp = key.split('/').nth(fp_at).unwrap_or("");
+            if !old(modified) || (is_fingerprint(fp) && lease_live(fp).await) {
+                continue;
+            }
+            if delete {
+                store.delete(&key).await?;
+                if prefix == "objects/" && is_fingerprint(fp) {
+                    store.remove_empty_folders(&crate::layout::object_dir(fp));
+                }
+            }
+            report.bytes += size;
+            report.removed.push(key);
+        }
+    }
     for (key, size) in store.list("leases/").await? {
         let fp = key.split('/').nth(2).unwrap_or("");
         if is_fingerprint(fp) && !lease_live(fp).await {

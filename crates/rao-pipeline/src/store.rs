@@ -293,6 +293,16 @@ impl Store {
         Ok(())
     }
 
+    /// The temporary files under `prefix` that writers left behind (a process killed between
+    /// writing and renaming), sorted by key; listings leave them out. Buckets have none: an
+    /// object there appears whole or not at all.
+    pub fn temporaries(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
+        match (self.local_root(), self.plain_local_path(prefix.trim_end_matches('/'))) {
+            (Some(root), Some(dir)) => local::temporaries(root, &dir).map_err(|e| StoreError::io(prefix, &dir, e)),
+            _ => Ok(Vec::new()),
+        }
+    }
+
     /// Remove the empty folders under `prefix`, and the folder itself once empty (local stores;
     /// a bucket has no folders). A folder with a file in it stays. Best effort.
     pub fn remove_empty_folders(&self, prefix: &str) {
@@ -521,6 +531,16 @@ pub(crate) mod local {
 
     /// Every file under `dir` as (key relative to `root`, size), sorted; temporary files skipped.
     pub fn list(root: &Path, dir: &Path) -> std::io::Result<Vec<super::Listed>> {
+        list_where(root, dir, |name| !name.contains(TEMP_MARK) && !name.contains('#'))
+    }
+
+    /// The temporary files under `dir` (a writer's unfinished files), listed as [`list`] lists.
+    pub fn temporaries(root: &Path, dir: &Path) -> std::io::Result<Vec<super::Listed>> {
+        list_where(root, dir, |name| name.contains(TEMP_MARK))
+    }
+
+    /// Every regular file under `dir` whose name `wanted` accepts, sorted by key.
+    fn list_where(root: &Path, dir: &Path, wanted: impl Fn(&str) -> bool) -> std::io::Result<Vec<super::Listed>> {
         let mut out = Vec::new();
         let mut stack = vec![dir.to_path_buf()];
         while let Some(d) = stack.pop() {
@@ -541,7 +561,7 @@ pub(crate) mod local {
                 let name = e.file_name().to_string_lossy().to_string();
                 if ty.is_dir() {
                     stack.push(e.path());
-                } else if ty.is_file() && !name.contains(TEMP_MARK) && !name.contains('#') {
+                } else if ty.is_file() && wanted(&name) {
                     // Symbolic links and other special files are not objects: skipped.
                     if let Ok(rel) = e.path().strip_prefix(root) {
                         let meta = match e.metadata() {
