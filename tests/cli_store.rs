@@ -307,12 +307,13 @@ fn gc_keeps_what_a_live_run_uses_even_if_no_pipeline_given_to_it_references_it()
     std::fs::create_dir_all(store.join("active/p")).unwrap();
     std::fs::write(store.join("active/p/20261203T000000Z-1"), b"").unwrap();
 
-    let gc = rao(&["gc", "p.yaml", "--delete", "--min-age", "0"], dir.path());
+    // `--keep-runs none`: finished runs keep nothing, so only the live run is in the way.
+    let gc = rao(&["gc", "p.yaml", "--delete", "--min-age", "0", "--keep-runs", "none"], dir.path());
     assert!(gc.status.success(), "{}", text(&gc));
     assert!(object_dir(dir.path(), &old_c).join("MANIFEST.json").exists(), "gc removed what a live run uses: {}", text(&gc));
     // Once that run has ended, nothing keeps it.
     std::fs::remove_file(store.join("active/p/20261203T000000Z-1")).unwrap();
-    let gc = rao(&["gc", "p.yaml", "--delete", "--min-age", "0"], dir.path());
+    let gc = rao(&["gc", "p.yaml", "--delete", "--min-age", "0", "--keep-runs", "none"], dir.path());
     assert!(gc.status.success() && text(&gc).contains(&old_c), "{}", text(&gc));
     assert!(!object_dir(dir.path(), &old_c).exists());
 }
@@ -420,4 +421,38 @@ fn gc_removes_what_killed_writers_left_half_written_once_it_is_old() {
     let again = rao(&["run", "p.yaml"], dir.path());
     assert!(again.status.success(), "{}", text(&again));
     assert_eq!(ran(dir.path()).lines().count(), 4, "nothing recomputed after gc: {}", ran(dir.path()));
+}
+
+/// Fingerprint of an instance under `--set` values.
+fn fingerprint_with(dir: &Path, instance: &str, sets: &[&str]) -> String {
+    let mut args = vec!["status", "p.yaml", "--json"];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let out = rao(&args, dir);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    rows.as_array().unwrap().iter().find(|r| r["instance"] == instance).unwrap()["fingerprint"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn gc_keeps_the_results_of_runs_made_with_set_values_unless_told_otherwise() {
+    let dir = chain_done();
+    let run = rao(&["run", "p.yaml", "--set", "seed=2"], dir.path());
+    assert!(run.status.success(), "{}", text(&run));
+    let (plain, seed2) = (fingerprint(dir.path(), "c"), fingerprint_with(dir.path(), "c", &["seed=2"]));
+    assert_ne!(plain, seed2, "the seed is part of every fingerprint");
+
+    // The file alone names seed 1; seed 2's results are the newest run of `--set seed=2`.
+    let gc = rao(&["gc", "p.yaml", "--delete", "--min-age", "0"], dir.path());
+    assert!(gc.status.success() && text(&gc).contains("seed=2"), "{}", text(&gc));
+    assert!(object_dir(dir.path(), &seed2).exists() && object_dir(dir.path(), &plain).exists(), "{}", text(&gc));
+
+    // Told to keep only what the file names under the values given: the other seed's results go.
+    let gc = rao(&["gc", "p.yaml", "--set", "seed=2", "--keep-runs", "none", "--delete", "--min-age", "0"], dir.path());
+    assert!(gc.status.success(), "{}", text(&gc));
+    assert!(object_dir(dir.path(), &seed2).exists(), "{}", text(&gc));
+    assert!(!object_dir(dir.path(), &plain).exists(), "{}", text(&gc));
+    let again = rao(&["run", "p.yaml", "--set", "seed=2"], dir.path());
+    assert!(again.status.success(), "{}", text(&again));
+    assert_eq!(ran(dir.path()).lines().count(), 6, "seed 2 still cached after gc: {}", ran(dir.path()));
 }

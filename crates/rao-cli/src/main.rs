@@ -29,6 +29,13 @@ struct PipelineArgs {
     store: Option<String>,
 }
 
+/// `rao gc --keep-runs`.
+#[derive(Copy, Clone, ValueEnum)]
+enum KeepRuns {
+    Latest,
+    None,
+}
+
 #[derive(Copy, Clone, ValueEnum)]
 enum Format {
     Text,
@@ -178,9 +185,19 @@ enum Command {
     /// killed writer left half-written, lapsed leases — and, given pipeline files, every object none of them references — if it was
     /// written at least --min-age ago. Dry run unless --delete.
     Gc {
-        /// Pipelines whose artifacts to keep (their current fingerprints). None: keep every
-        /// finished artifact and remove only leftovers.
+        /// Pipelines whose artifacts to keep (their current fingerprints, under the --set values
+        /// given, and what their newest runs used: see --keep-runs). None: keep every finished
+        /// artifact and remove only leftovers.
         pipelines: Vec<PathBuf>,
+        /// Overrides the pipelines are compiled with, as for `rao run` (repeatable).
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        sets: Vec<String>,
+        /// `latest`: also keep what the newest run of each pipeline used under each list of
+        /// `--set` values it was run with (`--set seed=2`, …), and the newest that succeeded;
+        /// `none`: keep only what the files reference under the --set values given here.
+        #[arg(long, value_enum, default_value = "latest")]
+        keep_runs: KeepRuns,
+        /// The store to clean (default: the first pipeline's).
         #[arg(long)]
         store: Option<String>,
         /// Really delete (default: only list what would go).
@@ -748,14 +765,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
         }
-        Command::Gc { pipelines, store, delete, min_age, json } => {
+        Command::Gc { pipelines, sets, keep_runs, store, delete, min_age, json } => {
             let store = maintenance_store(&store, pipelines.first(), &registry, !delete)?;
             let keep = if pipelines.is_empty() {
                 None
             } else {
                 let mut keep = Some(std::collections::BTreeSet::new());
                 for p in &pipelines {
-                    let c = rao_pipeline::load(p, &[], &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+                    let c = rao_pipeline::load(p, &sets, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
                     let snap = rao_pipeline::snapshot::snapshot(&c, &store).await?;
                     // What a pipeline references is only known in full once its loops have
                     // decided; until then nothing finished goes.
@@ -769,6 +786,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                     if let Some(k) = keep.as_mut() {
                         k.extend(snap.fps.into_iter().flatten());
+                        if matches!(keep_runs, KeepRuns::Latest) {
+                            let (fps, other_sets) = rao_pipeline::run_record::newest_runs_fingerprints(&store, &c.name).await?;
+                            k.extend(fps);
+                            if !other_sets.is_empty() {
+                                let listed: Vec<String> = other_sets.iter().map(|o| o.join(" ")).collect();
+                                eprintln!(
+                                    "note: {}: also kept what its newest runs under other --set values used ({}); `--keep-runs none` keeps only what the file names",
+                                    p.display(),
+                                    listed.join("; ")
+                                );
+                            }
+                        }
                     }
                 }
                 keep

@@ -184,6 +184,41 @@ pub async fn live_fingerprints(store: &Store) -> StoreResult<std::collections::B
     Ok(fps)
 }
 
+/// What the newest recorded runs of `pipeline` used, one run for each list of `--set` values it
+/// was run with (and the newest that succeeded, where a later one of the same values did not):
+/// `rao gc P` keeps it, so that results made with `--set seed=2` are not garbage because the
+/// file alone names seed 1. Returns the fingerprints and the `--set` lists (as recorded, secrets
+/// redacted) of the runs that were not plain (no `--set`). A record that cannot be read adds nothing.
+pub async fn newest_runs_fingerprints(
+    store: &Store,
+    pipeline: &str,
+) -> StoreResult<(std::collections::BTreeSet<String>, Vec<Vec<String>>)> {
+    use std::collections::BTreeMap;
+    // Per list of overrides: the newest run, and the newest that succeeded.
+    let mut newest: BTreeMap<Vec<String>, (Option<RunRecord>, Option<RunRecord>)> = BTreeMap::new();
+    let newer = |slot: &Option<RunRecord>, r: &RunRecord| slot.as_ref().is_none_or(|o| r.started_at > o.started_at);
+    for (key, _) in store.list(&format!("runs/{pipeline}/")).await? {
+        if key.ends_with("/latest.json") {
+            continue;
+        }
+        let Ok(Some(r)) = store.get_json::<RunRecord>(&key).await else { continue };
+        let slots = newest.entry(r.overrides.clone()).or_default();
+        if r.status == RunStatus::Succeeded && newer(&slots.1, &r) {
+            slots.1 = Some(r.clone());
+        }
+        if newer(&slots.0, &r) {
+            slots.0 = Some(r);
+        }
+    }
+    let mut fps = std::collections::BTreeSet::new();
+    for r in newest.values().flat_map(|(a, b)| [a, b]).flatten() {
+        let used = r.instances.iter().filter(|i| matches!(i.status, InstanceStatus::Done | InstanceStatus::Cached));
+        fps.extend(used.filter_map(|i| i.fingerprint.clone()));
+    }
+    let with_overrides = newest.into_keys().filter(|o| !o.is_empty()).collect();
+    Ok((fps, with_overrides))
+}
+
 /// `--set` entries as recorded: values of keys that look like credentials become `<redacted>`.
 pub fn redact_overrides(overrides: &[String]) -> Vec<String> {
     overrides
