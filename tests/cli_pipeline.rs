@@ -320,7 +320,9 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     assert!(out.contains("| `name` | cmp | cmp-wide |"), "{out}");
     // Flat Medium: the expert overflows 96 tokens (0 of 8, in both seeds) and fits in 640 (8 of 8).
     let flat = out.lines().find(|l| l.starts_with("| eval (expert) | flat | medium |")).unwrap_or_else(|| panic!("{out}"));
-    assert!(flat.contains("| 0.00 [0.00, 0.00] | 1.00 [0.68, 1.00] ** |"), "{flat}");
+    // b has seed 1 only: its cells say so, and so does its row of the header.
+    assert!(flat.contains("| 0.00 [0.00, 0.00] | 1.00 [0.68, 1.00] ** (seed 1) |"), "{flat}");
+    assert!(out.contains("| B | cmp-wide | `b.yaml` | 1, 2 (not all in the store) |"), "{out}");
     let rec = out.lines().find(|l| l.starts_with("| eval (expert) | recursive | medium |")).unwrap();
     assert!(!rec.contains('*'), "the recursive expert solves all in both: {rec}");
     assert!(out.contains("cmp-wide seed 2 (eval): `rao run b.yaml --set seed=2`"), "{out}");
@@ -341,6 +343,9 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     assert_eq!(v["missing"][0]["command"], "rao run b.yaml --set seed=2");
     let cell = v["cells"].as_array().unwrap().iter().find(|c| c["arm"] == 0 && c["mode"] == "flat" && c["metric"] == "success").unwrap();
     assert_eq!(cell["seeds"], serde_json::json!([1, 2]));
+    // One run counted twice would narrow the interval and invent significance.
+    let twice = rao(&["compare", "a.yaml", "b.yaml", "--seeds", "1,2,1"], dir.path());
+    assert!(!twice.status.success() && text(&twice).contains("seed 1 is given twice"), "{}", text(&twice));
     let bad = rao(&["compare", "a.yaml", "--metric", "sucess"], dir.path());
     assert!(!bad.status.success() && text(&bad).contains("unknown metric `sucess`"), "{}", text(&bad));
 }

@@ -706,6 +706,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Compare { pipelines, set, seeds, store, format, metric } => {
+            // A seed given twice would count one run as two independent ones.
+            if let Some(seed) = seeds.iter().enumerate().find_map(|(i, s)| seeds[..i].contains(s).then_some(s)) {
+                anyhow::bail!("--seeds: seed {seed} is given twice; each seed counts once (e.g. `--seeds 1,2,3`)");
+            }
             let metrics = match metric.is_empty() {
                 true => rao_results::compare::Metric::ALL.to_vec(),
                 false => metric

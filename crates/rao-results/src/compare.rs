@@ -46,6 +46,14 @@ impl Metric {
             Metric::SecondsPerTask => "seconds_per_task",
         }
     }
+    /// The range every value lies in: counts, sizes and times are never negative, and rates
+    /// never above 1 (an interval over seeds is clipped to it).
+    pub fn range(self) -> (f64, f64) {
+        match self {
+            Metric::Success | Metric::OverflowRate => (0.0, 1.0),
+            _ => (0.0, f64::INFINITY),
+        }
+    }
     pub fn parse(s: &str) -> Option<Metric> {
         Metric::ALL.into_iter().find(|m| m.name() == s)
     }
@@ -206,7 +214,10 @@ fn cell(arm: &Arm, a: usize, key: &Key, metric: Metric) -> Option<Cell> {
     let ci = match (rows.len(), metric) {
         (1, Metric::Success) => Some((first.ci_low, first.ci_high)),
         (1, _) => None,
-        _ => stats::t_interval(&per_seed).map(|(_, lo, hi)| if metric == Metric::Success { (lo.max(0.0), hi.min(1.0)) } else { (lo, hi) }),
+        _ => stats::t_interval(&per_seed).map(|(_, lo, hi)| {
+            let (min, max) = metric.range();
+            (lo.max(min), hi.min(max))
+        }),
     };
     Some(Cell {
         evaluation: key.0.clone(),
@@ -258,4 +269,49 @@ fn param_diffs(arms: &[Arm]) -> Vec<ParamDiff> {
             values.iter().any(|v| *v != values[0]).then_some(ParamDiff { path: p, values })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(nodes: f64, success: f64) -> EvalRow {
+        EvalRow {
+            label: "rao".into(),
+            mode: "recursive".into(),
+            band: "hard".into(),
+            tasks: 40,
+            success,
+            mean_score: success,
+            ci_low: 0.0,
+            ci_high: 1.0,
+            mean_depth: 1.0,
+            mean_nodes: nodes,
+            steps_per_task: 1.0,
+            tokens_per_task: 1.0,
+            overflow_rate: 0.0,
+            seconds_per_task: 0.1,
+        }
+    }
+
+    /// Two seeds far apart give a t interval wider than the mean on each side: it is clipped to
+    /// what the metric can be (no negative node counts, no success above 1).
+    #[test]
+    fn intervals_over_seeds_stay_within_what_a_metric_can_be() {
+        let runs = [(1, 1.0, 0.95), (2, 10.0, 1.0)]
+            .map(|(seed, nodes, success)| SeedRun {
+                seed,
+                evaluations: vec![("evaluate".into(), vec![row(nodes, success)])],
+                missing: vec![],
+                command: String::new(),
+            })
+            .to_vec();
+        let arm = Arm { file: "p.yaml".into(), name: "p".into(), resolved: Value::Null, runs };
+        let cmp = compare(&[arm], &[Metric::MeanNodes, Metric::Success]);
+        let ci = |m: Metric| cmp.cells.iter().find(|c| c.metric == m).unwrap().ci.unwrap();
+        let (t_nodes, t_success) = (stats::t_interval(&[1.0, 10.0]).unwrap(), stats::t_interval(&[0.95, 1.0]).unwrap());
+        assert!(t_nodes.1 < 0.0 && t_success.2 > 1.0, "the raw intervals cross the bounds: {t_nodes:?} {t_success:?}");
+        assert_eq!(ci(Metric::MeanNodes), (0.0, t_nodes.2));
+        assert_eq!(ci(Metric::Success), (t_success.1, 1.0));
+    }
 }

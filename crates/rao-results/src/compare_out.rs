@@ -22,10 +22,20 @@ fn number(metric: Metric, v: f64) -> String {
     }
 }
 
-fn shown(c: &Cell) -> String {
+/// A cell's mean, interval and mark; where fewer seeds than the `asked` have it, which ones.
+fn shown(c: &Cell, asked: usize) -> String {
     let ci = c.ci.map(|(lo, hi)| format!(" [{}, {}]", number(c.metric, lo), number(c.metric, hi))).unwrap_or_default();
     let mark = stats::mark(c.p);
-    format!("{}{ci}{}", number(c.metric, c.value), if mark.is_empty() { String::new() } else { format!(" {mark}") })
+    let mark = if mark.is_empty() { String::new() } else { format!(" {mark}") };
+    let seeds = match c.seeds.len() < asked {
+        true => format!(
+            " (seed{} {})",
+            if c.seeds.len() == 1 { "" } else { "s" },
+            c.seeds.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+        ),
+        false => String::new(),
+    };
+    format!("{}{ci}{mark}{seeds}", number(c.metric, c.value))
 }
 
 fn value_text(v: &Option<Value>) -> String {
@@ -44,7 +54,10 @@ pub fn markdown(cmp: &Comparison) -> String {
     let n = cmp.pipelines.len();
     let mut s = String::from("| | pipeline | file | seeds |\n|---|---|---|---|\n");
     for (i, (name, file, seeds)) in cmp.pipelines.iter().enumerate() {
-        let seeds: Vec<String> = seeds.iter().map(u64::to_string).collect();
+        // A seed with an evaluation missing is named as such: the means below are over the others.
+        let incomplete = |seed: u64| cmp.missing.iter().any(|m| m.pipeline == *name && m.seed == seed);
+        let seeds: Vec<String> =
+            seeds.iter().map(|&seed| if incomplete(seed) { format!("{seed} (not all in the store)") } else { seed.to_string() }).collect();
         let _ = writeln!(s, "| {} | {} | `{}` | {} |", letter(i), md_escape(name), file, seeds.join(", "));
     }
     if !cmp.params.is_empty() {
@@ -69,8 +82,13 @@ pub fn markdown(cmp: &Comparison) -> String {
                 cmp.cells.iter().filter(|c| c.metric == m && c.evaluation == ev && c.mode == mode && c.band == band).collect();
             let mut labels: Vec<&str> = row.iter().map(|c| c.label.as_str()).collect();
             labels.dedup();
-            let cols: String =
-                (0..n).map(|a| format!(" {} |", row.iter().find(|c| c.arm == a).map(|c| shown(c)).unwrap_or_else(|| "—".into()))).collect();
+            let cols: String = (0..n)
+                .map(|a| {
+                    let asked = cmp.pipelines[a].2.len();
+                    let cell = row.iter().find(|c| c.arm == a);
+                    format!(" {} |", cell.map(|c| shown(c, asked)).unwrap_or_else(|| "—".into()))
+                })
+                .collect();
             let _ = writeln!(s, "| {} ({}) | {} | {} |{cols}", md_escape(ev), md_escape(&labels.join(" / ")), mode, md_escape(band));
         }
     }
@@ -81,7 +99,9 @@ pub fn markdown(cmp: &Comparison) -> String {
          number of comparisons.\n",
     );
     if !cmp.missing.is_empty() {
-        s.push_str("\nNot in the store yet (— above); these commands produce them:\n\n");
+        s.push_str(
+            "\nNot in the store yet (a cell names the seeds it has where some are missing; — where none); these commands produce them:\n\n",
+        );
         for m in &cmp.missing {
             let _ = writeln!(s, "- {} seed {} ({}): `{}`", m.pipeline, m.seed, m.instances.join(", "), m.command);
         }
