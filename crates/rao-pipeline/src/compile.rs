@@ -238,11 +238,15 @@ fn read_pipeline_text(path: &Path) -> Result<String, String> {
 /// Follow `extends` to the pipeline file that has the stages; returns its label and text and the
 /// overrides (outermost variant last) that turn it into the variant.
 fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Result<(String, String, Vec<String>), Diagnostics> {
-    let is_variant = may_be_variant(&text) && crate::parse::parse::<Value>(&text).ok().is_some_and(|v| v.get("extends").is_some());
-    if !is_variant {
+    if !may_be_variant(&text) {
         return Ok((label, text, Vec::new()));
     }
     let fail = |items: Vec<Diagnostic>| Diagnostics { file: label.clone(), source: text.clone(), items };
+    // A file that is not YAML at all is reported as such here: taken for a plain pipeline, a
+    // variant's syntax error would surface as "unknown field `extends`".
+    if crate::parse::parse::<Value>(&text).map_err(|d| fail(vec![d]))?.get("extends").is_none() {
+        return Ok((label, text, Vec::new()));
+    }
     let v: VariantFile = crate::parse::parse(&text).map_err(|d| fail(vec![d]))?;
     if depth >= 8 {
         return Err(fail(vec![
