@@ -60,6 +60,18 @@ fn edit_c(dir: &Path) -> String {
     old_c
 }
 
+/// Every file under `dir` (none if it does not exist).
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        match e.path().is_dir() {
+            true => files.extend(walk(&e.path())),
+            false => files.push(e.path()),
+        }
+    }
+    files
+}
+
 fn object_dir(dir: &Path, fp: &str) -> PathBuf {
     dir.join(".rao/store/objects").join(&fp[..2]).join(fp)
 }
@@ -169,11 +181,14 @@ fn secrets_stay_out_of_run_records_and_events() {
         &p,
         "name: p\nparams: {api_token: placeholder}\nstages:\n  \
          a: {kind: shell, params: {command: 'test ${#T} -eq 20 && echo ok > ${outputs.o}/v', env: {T: '${env.RAO_TEST_TOKEN}'}}, outputs: [o]}\n  \
-         b: {kind: shell, params: {command: 'echo \"failing with $MY_API_TOKEN\" >&2; exit 3'}, outputs: [o]}\n",
+         b: {kind: shell, params: {command: 'echo \"failing with $MY_API_TOKEN\" >&2; exit 3'}, outputs: [o]}\n  \
+         c: {kind: shell, params: {command: 'curl -H \"auth: ${params.api_token}\" http://127.0.0.1:1/ 2>/dev/null; exit 4'}, outputs: [o]}\n",
     )
     .unwrap();
+    let cache = dir.path().join("cache");
     let o = Command::new(env!("CARGO_BIN_EXE_rao"))
         .args(["run", "p.yaml", "--json", "--set", "params.api_token=tok-from-the-command-line"])
+        .env("RAO_CACHE_DIR", &cache)
         .env("RAO_TEST_TOKEN", "hunter2-secret-value")
         .env("MY_API_TOKEN", "leaky-credential-42")
         .current_dir(dir.path())
@@ -186,9 +201,16 @@ fn secrets_stay_out_of_run_records_and_events() {
     for e in std::fs::read_dir(dir.path().join(".rao/store/runs/p")).unwrap() {
         records.push_str(&std::fs::read_to_string(e.unwrap().path()).unwrap());
     }
+    // The plan cache (the user's cache folder) holds no credential given on the command line.
+    let mut cached = String::new();
+    for e in walk(&cache) {
+        cached.push_str(&String::from_utf8_lossy(&std::fs::read(e).unwrap()));
+    }
+    assert!(out.contains("exited with") && out.contains("auth: ***"), "c's failure is reported, the token hidden: {out}");
     for secret in ["hunter2-secret-value", "leaky-credential-42", "tok-from-the-command-line"] {
         assert!(!out.contains(secret), "{secret} in the events: {out}");
         assert!(!records.contains(secret), "{secret} in a run record");
+        assert!(!cached.contains(secret), "{secret} in the plan cache");
     }
     assert!(records.contains("params.api_token=<redacted>"), "{records}");
     // The env placeholder is what the fingerprint sees: a new token value is no cache miss.

@@ -198,8 +198,11 @@ pub fn load_cached(path: &Path, overrides: &[String], registry: &Registry, cache
     })?;
     let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }).unwrap_or(Path::new("."));
     let base = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
+    crate::secrets::remember_given(overrides);
+    // A credential given with `--set` is not written to the cache folder (a file's own values
+    // are on disk already).
     let cached = cache
-        .filter(|_| !may_be_variant(&text))
+        .filter(|_| !may_be_variant(&text) && !overrides.iter().any(|o| crate::secrets::sets_secret(o)))
         .and_then(|cache| Some((cache, PlanCache::key(&label, &text, &base, overrides, registry)?)));
     if let Some(hit) = cached.as_ref().and_then(|(cache, key)| cache.get(key, registry)) {
         return Ok(hit);

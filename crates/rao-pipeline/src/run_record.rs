@@ -224,7 +224,7 @@ pub fn redact_overrides(overrides: &[String]) -> Vec<String> {
     overrides
         .iter()
         .map(|o| match o.split_once('=') {
-            Some((path, _)) if crate::secrets::looks_secret(path.rsplit('.').next().unwrap_or(path)) => format!("{path}=<redacted>"),
+            Some((path, _)) if crate::secrets::sets_secret(o) => format!("{path}=<redacted>"),
             _ => o.clone(),
         })
         .collect()

@@ -28,11 +28,35 @@ pub fn looks_secret(name: &str) -> bool {
     WORDS.iter().any(|w| n.windows(w.len()).any(|win| win.eq_ignore_ascii_case(w)))
 }
 
-/// `text` with the value of every credential-looking environment variable (at least 4
-/// characters long) replaced by `***`.
+/// Values given on the command line (`--set params.api_token=…`) that error text must not show.
+static GIVEN: std::sync::RwLock<Vec<String>> = std::sync::RwLock::new(Vec::new());
+
+/// Whether a `--set PATH=VALUE` entry sets a credential-looking key.
+pub fn sets_secret(entry: &str) -> bool {
+    entry.split_once('=').is_some_and(|(path, _)| looks_secret(path.rsplit('.').next().unwrap_or(path)))
+}
+
+/// Remember the values of credential-looking `--set` entries, so that [`redact`] hides them too
+/// (a failing command's text holds them once filled in).
+pub fn remember_given(overrides: &[String]) {
+    let values = overrides.iter().filter(|o| sets_secret(o)).filter_map(|o| o.split_once('=')).map(|(_, v)| v.trim());
+    // As typed and without YAML quotes: the command sees the unquoted text.
+    let values: Vec<String> =
+        values.flat_map(|v| [v, v.trim_matches(|c| c == '\'' || c == '"')]).filter(|v| v.len() >= 4).map(str::to_string).collect();
+    if !values.is_empty() {
+        let mut given = GIVEN.write().unwrap_or_else(|e| e.into_inner());
+        given.extend(values);
+        given.sort();
+        given.dedup();
+    }
+}
+
+/// `text` with the value of every credential-looking environment variable and `--set` entry (at
+/// least 4 characters long) replaced by `***`.
 pub fn redact(text: &str) -> String {
     let mut out = text.to_string();
     let mut values: Vec<String> = std::env::vars().filter(|(k, v)| looks_secret(k) && v.len() >= 4).map(|(_, v)| v).collect();
+    values.extend(GIVEN.read().unwrap_or_else(|e| e.into_inner()).iter().cloned());
     // Longest first, so a value that contains another is replaced whole.
     values.sort_by_key(|v| std::cmp::Reverse(v.len()));
     for v in values {
