@@ -415,6 +415,15 @@ fn evaluation_trees_have_unique_keys_and_join_to_their_parents_in_duckdb() {
         (vec!["inspect", "t.yaml", "evaluate", "--task", "nosuch"], "no tree of task `nosuch`"),
         (vec!["inspect", "t.yaml", "evaluate", "--band", "hard"], "its bands: easy, medium"),
         (vec!["inspect", "t.yaml"], "name the instance whose trees to print"),
+        // Not run under these values: the hint runs it under them, in the same store.
+        (
+            vec!["inspect", "t.yaml", "evaluate", "--set", "seed=9", "--store", ".rao/store"],
+            "`rao run t.yaml --set seed=9 --store .rao/store` produces it",
+        ),
+        (
+            vec!["path", "t.yaml", "evaluate", "--set", "stages.evaluate.params.label=a b"],
+            "`rao run t.yaml --set 'stages.evaluate.params.label=a b'` produces it",
+        ),
     ] {
         let o = rao(&args, dir.path());
         assert!(!o.status.success() && text(&o).contains(says), "{args:?}: {}", text(&o));

@@ -478,3 +478,26 @@ fn gc_keeps_the_results_of_runs_made_with_set_values_unless_told_otherwise() {
     assert!(again.status.success(), "{}", text(&again));
     assert_eq!(ran(dir.path()).lines().count(), 6, "seed 2 still cached after gc: {}", ran(dir.path()));
 }
+
+#[test]
+fn a_report_of_a_past_run_whose_results_gc_removed_says_so_and_how_to_make_them_again() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("t.yaml"),
+        "name: t\nstages:\n  tasks: {kind: synthesize, params: {bands: [easy], per_band: 2, split: validation}}\n  \
+         evaluate: {kind: evaluate, inputs: {tasks: tasks.tasks}, params: {policy: expert, modes: [recursive]}}\n",
+    )
+    .unwrap();
+    assert!(rao(&["run", "t.yaml", "--set", "seed=2"], dir.path()).status.success());
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join(".rao/store/runs/t/latest.json")).unwrap()).unwrap();
+    let id = record["run_id"].as_str().unwrap().to_string();
+    let before = rao(&["report", "t.yaml", "--run", &id], dir.path());
+    assert!(before.status.success() && !text(&before).contains("not in the store"), "{}", text(&before));
+    let gc = rao(&["gc", "t.yaml", "--keep-runs", "none", "--delete", "--min-age", "0"], dir.path());
+    assert!(gc.status.success(), "{}", text(&gc));
+    let after = rao(&["report", "t.yaml", "--run", &id], dir.path());
+    let said = text(&after);
+    assert!(said.contains("evaluate: not in the store for that run (removed since)"), "{said}");
+    assert!(said.contains("`rao run t.yaml --set seed=2` produces it"), "{said}");
+}

@@ -2,10 +2,10 @@
 //! pyarrow, a browser) — without copying hashed store paths by hand.
 
 use anyhow::{Context, bail};
+use rao_pipeline::Store;
 use rao_pipeline::manifest::{self, Manifest};
 use rao_pipeline::plan::{Row, State};
 use rao_pipeline::store::object_dir;
-use rao_pipeline::{Compiled, Store};
 
 /// The row of an instance by name (`evaluate`, `rollout@60`, `evaluate[window=64]`); a stage
 /// name that expanded into one instance (a loop body stage: its last iteration) is accepted too.
@@ -25,17 +25,16 @@ pub fn find_instance<'a>(rows: &'a [Row], name: &str) -> anyhow::Result<&'a Row>
     bail!("no stage instance `{name}` in this pipeline; {hint}")
 }
 
-/// The manifest of a finished instance, or an error that says how to produce it.
-pub async fn finished(store: &Store, c: &Compiled, row: &Row) -> anyhow::Result<Manifest> {
+/// The manifest of a finished instance, or an error that says how to produce it (`run`: the
+/// `rao run` command for the pipeline as given, which runs it and whatever it waits on).
+pub async fn finished(store: &Store, row: &Row, run: &str) -> anyhow::Result<Manifest> {
     let fp = match (&row.state, &row.fingerprint) {
         (State::Done, Some(fp)) => fp,
         (state, _) => bail!(
-            "`{}` is {} in {} for this pipeline as given; produce it with `rao run {} --only {}`{}",
+            "`{}` is {} in {} for this pipeline as given; `{run}` produces it{}",
             row.instance,
             format!("{state:?}").to_lowercase(),
             store.url(),
-            c.file.display(),
-            row.instance,
             if row.reasons.is_empty() { String::new() } else { format!(" ({})", row.reasons.join("; ")) }
         ),
     };

@@ -440,13 +440,7 @@ async fn compare_arm(
         if resolved.is_null() {
             (name, resolved) = (c.name.clone(), (*c.resolved).clone());
         }
-        let mut command = format!("rao run {}", file.display());
-        for o in &p.set {
-            command.push_str(&format!(" --set {o}"));
-        }
-        if let Some(s) = store {
-            command.push_str(&format!(" --store {s}"));
-        }
+        let command = run_command(&p);
         runs.push(rao_results::compare::SeedRun { seed: c.resolved["seed"].as_u64().unwrap_or(0), evaluations, missing, command });
     }
     Ok(rao_results::compare::Arm { file: file.display().to_string(), name, resolved, runs })
@@ -490,6 +484,23 @@ fn load_with(p: &PipelineArgs, registry: &Registry, read_only: bool) -> anyhow::
 
 fn load(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<(Compiled, Store)> {
     load_with(p, registry, false)
+}
+
+/// The `rao run` that produces what a read-only command found missing: the same file, `--set`
+/// values (credentials shown `<redacted>`) and `--store`, each quoted for a POSIX shell if needed.
+fn run_command(p: &PipelineArgs) -> String {
+    let quoted = |s: &str| match s.chars().all(|c| c.is_ascii_alphanumeric() || "_-./=:,@+%".contains(c)) && !s.is_empty() {
+        true => s.to_string(),
+        false => format!("'{}'", s.replace('\'', r"'\''")),
+    };
+    let mut command = format!("rao run {}", quoted(&p.pipeline.display().to_string()));
+    for o in rao_pipeline::run_record::redact_overrides(&p.set) {
+        command.push_str(&format!(" --set {}", quoted(&o)));
+    }
+    if let Some(s) = &p.store {
+        command.push_str(&format!(" --store {}", quoted(s)));
+    }
+    command
 }
 
 fn load_read_only(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<(Compiled, Store)> {
@@ -643,7 +654,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     let (c, store) = load_read_only(&p, &registry)?;
                     let rows = rao_pipeline::plan::rows(&c, &store).await?;
                     let row = artifacts::find_instance(&rows, &instance)?;
-                    let manifest = artifacts::finished(&store, &c, row).await?;
+                    let manifest = artifacts::finished(&store, row, &run_command(&p)).await?;
                     store.get(&artifacts::key(&manifest, Some("trees.parquet"))?).await?
                 }
                 None if trees.ends_with(".yaml") || trees.ends_with(".yml") => {
@@ -680,8 +691,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Report { p, run, html, track } => {
             let (c, store) = load_read_only(&p, &registry)?;
             let res = rao_results::RunResults::load(&c, &store, run.as_deref()).await?;
+            // A past run (`--run`) is produced again under its own --set values.
+            let again = PipelineArgs { set: if run.is_some() { res.overrides.clone() } else { p.set.clone() }, ..p.clone() };
             for (name, why) in res.missing.iter().filter(|(n, _)| c.instances.iter().any(|i| &i.name == n && i.kind == "evaluate")) {
-                eprintln!("{name}: not in the store for this pipeline as given ({why}); `rao run {}` produces it", p.pipeline.display());
+                let given = if run.is_some() { "for that run" } else { "for this pipeline as given" };
+                eprintln!("{name}: not in the store {given} ({why}); `{}` produces it", run_command(&again));
             }
             let rows: Vec<_> = res.evaluations.iter().flat_map(|e| e.rows.iter().cloned()).collect();
             print!("{}", rao_results::text::eval_table(&rows));
@@ -743,7 +757,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let (c, store) = load_read_only(&p, &registry)?;
             let rows = rao_pipeline::plan::rows(&c, &store).await?;
             let row = artifacts::find_instance(&rows, &instance)?;
-            let manifest = artifacts::finished(&store, &c, row).await?;
+            let manifest = artifacts::finished(&store, row, &run_command(&p)).await?;
             println!("{}", artifacts::locate(&store, &manifest, file.as_deref())?);
         }
         Command::Verify { pipeline, store, repair, json } => {

@@ -108,7 +108,7 @@ impl RunResults {
     /// The results of the pipeline as given (`run == None`: found by fingerprint, whichever run
     /// produced them), or of a past run by id (`latest`: the last one started).
     pub async fn load(c: &Compiled, store: &Store, run: Option<&str>) -> anyhow::Result<Self> {
-        let (named, missing, record) = match run {
+        let (named, mut missing, record) = match run {
             Some(id) => {
                 // Checked first: a run id is one name, never a path out of `runs/`.
                 let checked = rao_pipeline::run_record::read(store, &c.name, id).await?;
@@ -138,8 +138,10 @@ impl RunResults {
         };
         let mut instances = Vec::new();
         for (name, stage, kind, fp) in named {
-            if let Some(manifest) = manifest::read(store, &fp).await?.done() {
-                instances.push(Instance { name, stage, kind, manifest });
+            match manifest::read(store, &fp).await?.done() {
+                Some(manifest) => instances.push(Instance { name, stage, kind, manifest }),
+                // A past run's results that `rao gc` (or a person) removed since.
+                None => missing.push((name, "removed since".into())),
             }
         }
         let mut evaluations = Vec::new();
