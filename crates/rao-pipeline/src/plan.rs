@@ -200,8 +200,18 @@ pub fn folded_json(c: &Compiled, rows: &[Row]) -> Vec<Group> {
     groups(c, rows, true).0
 }
 
+/// A dot/mermaid node id for a name: letters and digits as they are, `_` doubled, any other byte
+/// as `_` and two hex digits — so `a-b`, `a_b` and `a.b` stay three nodes.
 fn node_id(name: &str) -> String {
-    name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+    let mut id = String::with_capacity(name.len());
+    for b in name.bytes() {
+        match b {
+            b'_' => id.push_str("__"),
+            b if b.is_ascii_alphanumeric() => id.push(b as char),
+            b => id.push_str(&format!("_{b:02x}")),
+        }
+    }
+    id
 }
 
 /// Fill colour of a group: all cached, some to run, all skipped.
@@ -281,7 +291,9 @@ pub fn render_mermaid(c: &Compiled, rows: &[Row], folded: bool) -> String {
         s.push_str(&format!("  {}\n", node(g)));
     }
     for l in &c.loops {
-        s.push_str(&format!("  subgraph {}[\"loop {}\"]\n", node_id(&format!("loop_{}", l.name)), l.name));
+        // `loop_` + an id: a node's own ids have `_` only before `_` or the hex of a byte that
+        // is no letter or digit, so no stage can be drawn as this subgraph.
+        s.push_str(&format!("  subgraph loop_{}[\"loop {}\"]\n", node_id(&l.name), l.name));
         for g in gs.iter().filter(|g| g.loop_name.as_deref() == Some(l.name.as_str())) {
             s.push_str(&format!("    {}\n", node(g)));
         }
@@ -330,4 +342,16 @@ pub fn render_status(c: &Compiled, rows: &[Row], folded: bool) -> String {
     let done = rows.iter().filter(|r| r.state == State::Done).count();
     s.push_str(&format!("{done}/{} done · {}\n", rows.len(), Counts::of(rows).summary("done")));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    /// Names that differ only in their punctuation are different nodes.
+    #[test]
+    fn node_ids_of_different_names_differ() {
+        let names = ["a-b", "a_b", "a.b", "a__b", "a_5fb", "s_k_a_b_", "rollout@1", "e[window=64]", "é"];
+        let ids: std::collections::BTreeSet<String> = names.iter().map(|n| super::node_id(n)).collect();
+        assert_eq!(ids.len(), names.len(), "{ids:?}");
+        assert!(ids.iter().all(|id| id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')), "{ids:?}");
+    }
 }
