@@ -115,13 +115,38 @@ async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
         .stderr(std::process::Stdio::piped())
         // A timeout or Ctrl-C drops this future: the child must not outlive it.
         .kill_on_drop(true);
-    let out = cmd.spawn()?.wait_with_output().await?;
+    // In a process group of its own, so that what the command starts (`train & watch`) can be
+    // killed with it; `kill_on_drop` alone kills only `sh`. The terminal's Ctrl-C no longer
+    // reaches the group: the run's cancellation drops this future, and the guard kills it then.
+    #[cfg(unix)]
+    cmd.process_group(0);
+    let child = cmd.spawn()?;
+    let mut group = KillGroup(child.id());
+    let out = child.wait_with_output().await?;
+    // Ended by itself: whatever it left in the background is the command's business, as before.
+    group.0 = None;
     if !out.status.success() {
         let tail: String =
             String::from_utf8_lossy(&out.stderr).lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
         anyhow::bail!("command exited with {}: {}\n{}", out.status, p.command, tail);
     }
     Ok(())
+}
+
+/// Kills a shell command's process group (its id is the `sh`'s PID) when dropped: when the
+/// stage's future is, on a timeout or Ctrl-C, before the command has ended.
+#[cfg_attr(not(unix), allow(dead_code))]
+struct KillGroup(Option<u32>);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Some(pgid) = self.0.and_then(|id| libc::pid_t::try_from(id).ok()) {
+            // SAFETY: a plain system call. The kernel gives the id to no other process while
+            // anything in the group runs, `sh` reaped or not.
+            unsafe { libc::killpg(pgid, libc::SIGKILL) };
+        }
+    }
 }
 
 /// Params of `noop`.

@@ -89,6 +89,9 @@ pub struct VerifyReport {
 /// Check every manifest and every byte of every file it names.
 pub async fn verify(store: &Store, repair: bool) -> StoreResult<VerifyReport> {
     let mut report = VerifyReport::default();
+    // Whether `key` is, in a local store, something other than a regular file (links followed,
+    // as reads follow them).
+    let is_special_file = |key: &str| store.local_path(key).and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| !m.is_file());
     for (fp, files) in objects(store).await? {
         if files.manifest.is_none() {
             continue;
@@ -105,15 +108,20 @@ pub async fn verify(store: &Store, repair: bool) -> StoreResult<VerifyReport> {
                         report.bytes += f.size;
                         // Only what was read (or found missing) is damage: a store that fails
                         // to answer stops the check instead of condemning what it could not read.
-                        let why = match store.get_opt(&m.file_key(output, &f.path)).await? {
-                            Some(b) if b.len() as u64 != f.size => {
+                        let key = m.file_key(output, &f.path);
+                        let why = match store.get_opt(&key).await {
+                            Ok(Some(b)) if b.len() as u64 != f.size => {
                                 Some(format!("{output}/{}: {} bytes, manifest says {}", f.path, b.len(), f.size))
                             }
-                            Some(b) if blake3::hash(&b).to_hex().as_str() != f.blake3 => {
+                            Ok(Some(b)) if blake3::hash(&b).to_hex().as_str() != f.blake3 => {
                                 Some(format!("{output}/{}: content hash differs", f.path))
                             }
-                            Some(_) => None,
-                            None => Some(format!("{output}/{}: missing", f.path)),
+                            Ok(Some(_)) => None,
+                            Ok(None) => Some(format!("{output}/{}: missing", f.path)),
+                            // A folder, a FIFO or a device where the file was is what was found,
+                            // not a store that failed to answer.
+                            Err(_) if is_special_file(&key) => Some(format!("{output}/{}: not a regular file", f.path)),
+                            Err(e) => return Err(e),
                         };
                         if why.is_some() {
                             problem = why;

@@ -76,11 +76,22 @@ pub async fn publish(
         let dir = staged_output(staging, out);
         let target = store.local_path(&prefix);
         let mut entries = Vec::new();
-        for rel in walk_files(&dir)? {
-            let bytes = std::fs::read(dir.join(&rel))?;
-            entries.push(FileEntry { path: rel.clone(), size: bytes.len() as u64, blake3: blake3::hash(&bytes).to_hex().to_string() });
-            if target.is_none() {
-                store.put(&format!("{prefix}/{rel}"), Bytes::from(bytes)).await?;
+        for rel in walk_files(&dir, out)? {
+            let path = dir.join(&rel);
+            let entry = |size: u64, hash: blake3::Hash| FileEntry { path: rel.clone(), size, blake3: hash.to_hex().to_string() };
+            match &target {
+                // Hashed as a stream (a checkpoint need not fit in memory), and refused should it
+                // no longer be a regular file: the check `dataset` makes of its local files.
+                Some(_) => {
+                    let (size, hash) =
+                        crate::local_file::hash_regular(&path).map_err(|e| anyhow::anyhow!("output `{out}`: `{rel}` {e}"))?;
+                    entries.push(entry(size, hash));
+                }
+                None => {
+                    let bytes = std::fs::read(&path).map_err(|e| anyhow::anyhow!("output `{out}`: `{rel}` cannot be read: {e}"))?;
+                    entries.push(entry(bytes.len() as u64, blake3::hash(&bytes)));
+                    store.put(&format!("{prefix}/{rel}"), Bytes::from(bytes)).await?;
+                }
             }
         }
         // A local store takes the whole directory in one rename (same filesystem); the attempt
@@ -148,25 +159,80 @@ async fn discard_attempt(store: &Store, fp: &str, attempt: &str) {
     }
 }
 
-/// Relative paths of all files under `dir` (sorted; empty if it does not exist).
-fn walk_files(dir: &Path) -> std::io::Result<Vec<String>> {
-    let mut out = Vec::new();
-    if !dir.exists() {
-        return Ok(out);
+/// Relative paths of all files under output `output`'s folder `dir` (sorted; empty if it does not
+/// exist). Only regular files and folders are published: opening a FIFO to hash it blocks (the
+/// run with it, past any timeout), a device never ends, a socket has no bytes. A link to a regular
+/// file becomes a copy of its bytes, as `dataset` copies what its links point to: a link kept in
+/// the store would lead out of it, and editing its target would damage the object. A link to a
+/// folder or one that leads nowhere is refused: its copy could be a whole tree, or nothing.
+fn walk_files(dir: &Path, output: &str) -> anyhow::Result<Vec<String>> {
+    let refuse = |rel: &str, what: &str| {
+        anyhow::anyhow!("output `{output}`: `{rel}` is {what}; only files, folders and links to files are published")
+    };
+    let io = |rel: &str, e: std::io::Error| anyhow::anyhow!("output `{output}`: `{rel}`: {e}");
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(".", e)),
+        Ok(m) if !m.is_dir() => anyhow::bail!("output `{output}` is {}, not a folder", special(m.file_type())),
+        Ok(_) => {}
     }
+    let mut out = Vec::new();
+    let mut links = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d)? {
-            let e = e?;
+        for e in std::fs::read_dir(&d).map_err(|e| io(&rel_of(dir, &d), e))? {
+            let e = e.map_err(|e| io(&rel_of(dir, &d), e))?;
             let p = e.path();
-            if e.file_type()?.is_dir() {
+            let rel = rel_of(dir, &p);
+            // The entry's own type (not its target's): no system call where the listing has it.
+            let ty = e.file_type().map_err(|e| io(&rel, e))?;
+            if ty.is_dir() {
                 stack.push(p);
-            } else {
-                let rel = p.strip_prefix(dir).expect("walked below dir").to_string_lossy().replace('\\', "/");
-                out.push(rel);
+                continue;
             }
+            if ty.is_symlink() {
+                match std::fs::metadata(&p) {
+                    Ok(m) if m.is_file() => links.push(p),
+                    Ok(m) if m.is_dir() => return Err(refuse(&rel, "a link to a folder")),
+                    Ok(m) => return Err(refuse(&rel, &format!("a link to {}", special(m.file_type())))),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(refuse(&rel, "a link to nothing")),
+                    Err(e) => return Err(io(&rel, e)),
+                }
+            } else if !ty.is_file() {
+                return Err(refuse(&rel, special(ty)));
+            }
+            out.push(rel);
         }
+    }
+    // Replaced once the walk is over: a folder's listing need not be stable while it changes.
+    for link in links {
+        let copy = link.with_file_name(format!(".{}.rao-link-copy", link.file_name().unwrap_or_default().to_string_lossy()));
+        std::fs::copy(&link, &copy).and_then(|_| std::fs::rename(&copy, &link)).map_err(|e| io(&rel_of(dir, &link), e))?;
     }
     out.sort();
     Ok(out)
+}
+
+/// `path` relative to the output folder `dir`, with `/` between names.
+fn rel_of(dir: &Path, path: &Path) -> String {
+    match path.strip_prefix(dir).expect("walked below dir").to_string_lossy().replace('\\', "/") {
+        rel if rel.is_empty() => ".".into(),
+        rel => rel,
+    }
+}
+
+/// What a file that is neither a regular file nor a folder is, in words.
+fn special(ty: std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ty.is_fifo() {
+            return "a FIFO (named pipe)";
+        } else if ty.is_socket() {
+            return "a socket";
+        } else if ty.is_char_device() || ty.is_block_device() {
+            return "a device";
+        }
+    }
+    if ty.is_symlink() { "a link" } else { "not a regular file" }
 }

@@ -416,7 +416,10 @@ pub(crate) mod local {
             let name = c_name(rel)?;
             // SAFETY: `name` is a NUL-terminated string that outlives the call; a returned
             // descriptor is owned by nothing else and is handed to the `File`.
-            let fd = unsafe { libc::openat(self.fd.as_raw_fd(), name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+            // O_NONBLOCK: opening a FIFO (a file replaced by one) waits for a writer otherwise. On a
+            // regular file it changes nothing.
+            let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK;
+            let fd = unsafe { libc::openat(self.fd.as_raw_fd(), name.as_ptr(), flags) };
             if fd < 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -432,16 +435,31 @@ pub(crate) mod local {
         /// size hint unless the first read fills its buffer, and no zeroing of the buffer. It
         /// reads on until a read finds the end: a short read is not the end on every filesystem
         /// (FUSE, network mounts).
+        ///
+        /// Only a regular file is read past its first buffer: the `fstat` made then (or when a
+        /// read fails: a folder, a FIFO with nothing to read) refuses anything else, so a link to
+        /// a device is not read without end. A FIFO without a writer reads as empty.
         pub fn read(&self, rel: &str) -> std::io::Result<Vec<u8>> {
             use std::io::Read;
             const FIRST_READ: usize = 16 << 10;
             let mut file = self.open_file(rel)?;
             let mut buf = Vec::with_capacity(FIRST_READ);
             // Through `Take`, not `File`: a `File` asks the file system for its size first.
-            (&mut file).take(FIRST_READ as u64).read_to_end(&mut buf)?;
-            if buf.len() == FIRST_READ {
-                file.read_to_end(&mut buf)?;
+            let first = (&mut file).take(FIRST_READ as u64).read_to_end(&mut buf);
+            if first.is_ok() && buf.len() < FIRST_READ {
+                return Ok(buf);
             }
+            let size = match file.metadata() {
+                Ok(meta) if meta.is_file() => meta.len(),
+                Ok(_) => {
+                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a regular file (a folder, a pipe or a device)"));
+                }
+                Err(e) => return Err(first.err().unwrap_or(e)),
+            };
+            first?;
+            // The size is known now: read to the end through `Take` again (no second `fstat`).
+            buf.reserve(usize::try_from(size).unwrap_or(0).saturating_sub(buf.len()));
+            (&mut file).take(u64::MAX).read_to_end(&mut buf)?;
             Ok(buf)
         }
 
