@@ -268,10 +268,17 @@ fn read_only_commands_create_nothing_and_store_paths_are_taken_from_the_current_
     let sub = dir.path().join("pipelines");
     std::fs::create_dir(&sub).unwrap();
     chain(&sub);
-    for cmd in [&["status", "pipelines/p.yaml"][..], &["plan", "pipelines/p.yaml"], &["report", "pipelines/p.yaml"]] {
+    for cmd in [&["status", "pipelines/p.yaml"][..], &["plan", "pipelines/p.yaml"]] {
         let o = rao(cmd, dir.path());
         assert!(o.status.success(), "{cmd:?}: {}", text(&o));
     }
+    // Nothing to report, verify or clean where no store is: said, not taken for an empty store.
+    for cmd in [&["report", "pipelines/p.yaml"][..], &["verify", "pipelines/p.yaml"], &["gc", "--store", "nowhere", "--delete"]] {
+        let o = rao(cmd, dir.path());
+        assert!(!o.status.success() && text(&o).contains("no store at"), "{cmd:?}: {}", text(&o));
+    }
+    assert!(text(&rao(&["report", "pipelines/p.yaml"], dir.path())).contains("`rao run pipelines/p.yaml` makes it"));
+    assert!(!dir.path().join("nowhere").exists(), "gc --delete created the store it was to clean");
     assert!(!sub.join(".rao").exists(), "a read-only command created the store");
     let o = rao(&["run", "pipelines/p.yaml", "--store", "here"], dir.path());
     assert!(o.status.success(), "{}", text(&o));

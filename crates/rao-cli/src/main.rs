@@ -486,14 +486,19 @@ fn load(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<(Compiled, Stor
     load_with(p, registry, false)
 }
 
-/// The `rao run` that produces what a read-only command found missing: the same file, `--set`
-/// values (credentials shown `<redacted>`) and `--store`, each quoted for a POSIX shell if needed.
+/// The `rao run` that produces what a read-only command found missing (see [`rao_command`]).
 fn run_command(p: &PipelineArgs) -> String {
+    rao_command("run", p)
+}
+
+/// `rao VERB` for the pipeline as given: the same file, `--set` values (credentials shown
+/// `<redacted>`) and `--store`, each quoted for a POSIX shell if needed.
+fn rao_command(verb: &str, p: &PipelineArgs) -> String {
     let quoted = |s: &str| match s.chars().all(|c| c.is_ascii_alphanumeric() || "_-./=:,@+%".contains(c)) && !s.is_empty() {
         true => s.to_string(),
         false => format!("'{}'", s.replace('\'', r"'\''")),
     };
-    let mut command = format!("rao run {}", quoted(&p.pipeline.display().to_string()));
+    let mut command = format!("rao {verb} {}", quoted(&p.pipeline.display().to_string()));
     for o in rao_pipeline::run_record::redact_overrides(&p.set) {
         command.push_str(&format!(" --set {}", quoted(&o)));
     }
@@ -503,26 +508,43 @@ fn run_command(p: &PipelineArgs) -> String {
     command
 }
 
+/// For commands that only read what runs wrote (`report`, `verify`, `gc`): a local store that
+/// does not exist, or a memory store (empty in every new process), holds nothing to read — most
+/// likely a mistyped path, which would otherwise pass as a store with nothing wrong in it.
+fn require_contents(store: &Store, then: &str) -> anyhow::Result<()> {
+    if store.url().starts_with("memory://") {
+        anyhow::bail!("a memory:// store is empty in every new process: give the store a run wrote to");
+    }
+    // Opened read-only, a local folder that is not there is an empty store with no local root.
+    let scheme = store.url().split_once("://").map(|(s, _)| s);
+    let cloud = scheme.is_some_and(rao_pipeline::store::is_cloud_scheme);
+    if store.local_root().is_none() && !cloud {
+        anyhow::bail!("no store at {}: check the path (nothing has run into it){then}", store.url());
+    }
+    Ok(())
+}
+
 fn load_read_only(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<(Compiled, Store)> {
     load_with(p, registry, true)
 }
 
-/// The store of `verify`/`gc`: `--store`, else the first pipeline's.
+/// The store of `verify`/`gc`: `--store`, else the first pipeline's. It must be there (checked
+/// before anything could create it).
 fn maintenance_store(store: &Option<String>, pipeline: Option<&PathBuf>, registry: &Registry, read_only: bool) -> anyhow::Result<Store> {
-    match (store, pipeline) {
-        (Some(s), _) => {
-            let url = cli_store_url(s)?;
-            Ok(if read_only {
-                Store::open_read_only(&url, std::path::Path::new("."))?
-            } else {
-                Store::open(&url, std::path::Path::new("."))?
-            })
-        }
-        (None, Some(p)) => {
-            let args = PipelineArgs { pipeline: p.clone(), set: Vec::new(), store: None };
-            Ok(load_with(&args, registry, read_only)?.1)
-        }
+    let found = match (store, pipeline) {
+        (Some(s), _) => Store::open_read_only(&cli_store_url(s)?, std::path::Path::new("."))?,
+        (None, Some(p)) => load_read_only(&PipelineArgs { pipeline: p.clone(), set: Vec::new(), store: None }, registry)?.1,
         (None, None) => anyhow::bail!("give a pipeline file or --store URL"),
+    };
+    require_contents(&found, "")?;
+    match read_only {
+        true => Ok(found),
+        // The same store, opened for writing: a local one by its resolved folder (its URL may be
+        // relative to the pipeline file's folder).
+        false => {
+            let url = found.local_root().map_or_else(|| found.url().to_string(), |root| root.display().to_string());
+            Ok(Store::open(&url, std::path::Path::new("."))?)
+        }
     }
 }
 
@@ -576,9 +598,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             });
             if !json && evaluated {
                 // Where the results are: the same file and overrides, read back by fingerprint.
-                let sets: String = rao_pipeline::run_record::redact_overrides(&p.set).iter().map(|o| format!(" --set {o}")).collect();
-                let store_arg = p.store.as_ref().map(|s| format!(" --store {s}")).unwrap_or_default();
-                eprintln!("results: rao report {}{sets}{store_arg}", p.pipeline.display());
+                match store.url().starts_with("memory://") {
+                    true => eprintln!("results: in memory only, gone when this command ends (give a store path to keep them)"),
+                    false => eprintln!("results: {}", rao_command("report", &p)),
+                }
             }
             let failures = record.failures();
             if !failures.is_empty() && !json {
@@ -690,6 +713,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Report { p, run, html, track } => {
             let (c, store) = load_read_only(&p, &registry)?;
+            require_contents(&store, &format!("; `{}` makes it", run_command(&p)))?;
             let res = rao_results::RunResults::load(&c, &store, run.as_deref()).await?;
             // A past run (`--run`) is produced again under its own --set values.
             let again = PipelineArgs { set: if run.is_some() { res.overrides.clone() } else { p.set.clone() }, ..p.clone() };
