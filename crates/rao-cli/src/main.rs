@@ -129,6 +129,7 @@ enum Command {
     Status {
         #[command(flatten)]
         p: PipelineArgs,
+        /// One JSON object per instance (instance, stage, kind, state, fingerprint, reasons).
         #[arg(long)]
         json: bool,
         /// One line per stage entry (loops and matrices folded) with its counts.
@@ -173,11 +174,13 @@ enum Command {
     Verify {
         /// A pipeline file whose store to check (or give --store).
         pipeline: Option<PathBuf>,
+        /// The store to check (path, file://, s3://, gs://, az://).
         #[arg(long)]
         store: Option<String>,
         /// Set damaged manifests aside (their instances run again on the next run).
         #[arg(long)]
         repair: bool,
+        /// The report as JSON (counts and every damaged object with why).
         #[arg(long)]
         json: bool,
     },
@@ -207,6 +210,7 @@ enum Command {
         /// it, or using it under `--set` overrides these files do not show): `30m`, `2h`, `0`.
         #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_min_age)]
         min_age: std::time::Duration,
+        /// The report as JSON (what was or would be removed, bytes, the error that stopped it).
         #[arg(long)]
         json: bool,
     },
@@ -223,10 +227,13 @@ enum Command {
         /// Read from this store (URL or path) instead of the local filesystem / the file's store.
         #[arg(long)]
         store: Option<String>,
+        /// Only the trees of this task id.
         #[arg(long)]
         task: Option<String>,
+        /// Only this tree of each task (its index in the task's group).
         #[arg(long)]
         group: Option<i32>,
+        /// Only the recursive or the flat trees.
         #[arg(long, value_enum)]
         mode: Option<ModeArg>,
         /// A report group: `easy`, `160-239 lines`, `3 hops`, …
