@@ -678,6 +678,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             rao_stages::serve::serve(listener, served).await?;
         }
         Command::Inspect { trees, instance, set, store, task, group, mode, band, status, failed, limit } => {
+            let what = match &instance {
+                Some(i) => format!("the trees of `{i}`"),
+                None => format!("`{trees}`"),
+            };
             let bytes = match instance {
                 Some(instance) => {
                     let p = PipelineArgs { pipeline: PathBuf::from(&trees), set, store };
@@ -693,11 +697,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     )
                 }
                 None => match store {
-                    Some(url) => Store::open(&url, std::path::Path::new("."))?.get(&trees).await?,
+                    Some(url) => Store::open_read_only(&cli_store_url(&url)?, std::path::Path::new("."))?.get(&trees).await?,
                     None => bytes::Bytes::from(std::fs::read(&trees).map_err(|e| anyhow::anyhow!("cannot read {trees}: {e}"))?),
                 },
             };
-            let nodes = rao_core::parquet_io::nodes_from_parquet(bytes)?;
+            let nodes = rao_core::parquet_io::nodes_from_parquet(bytes)
+                .map_err(|e| anyhow::anyhow!("{what} is not an execution-trees Parquet file (as rollout and evaluate write): {e}"))?;
             let filter = rao_stages::inspect::Filter {
                 task,
                 group,
