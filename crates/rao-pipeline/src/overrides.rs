@@ -43,11 +43,15 @@ fn apply_one(spec: &mut PipelineFile, o: &str) -> Result<(), String> {
             })?;
             match rest {
                 ["params", p @ ..] if !p.is_empty() => set_param(&mut s.params, p, value)?,
-                ["retries"] => s.retries = Some(Sp::synthetic(small_int(&value, "retries", crate::check::MAX_RETRIES)?)),
+                ["retries"] => s.retries = Some(Sp::synthetic(small_int(&value, "retries", 0, crate::check::MAX_RETRIES)?)),
                 ["timeout"] => s.timeout = Some(Sp::synthetic(Duration::parse(raw)?)),
                 ["loop", "max_iterations"] => {
                     let l = s.loop_.as_mut().ok_or_else(|| format!("stage `{stage}` is not a loop"))?;
-                    l.max_iterations = Sp::synthetic(small_int(&value, "max_iterations", u32::MAX)?);
+                    l.max_iterations = Sp::synthetic(small_int(&value, "max_iterations", 1, u32::MAX)?);
+                }
+                // A loop's body stages have names of their own, unique in the file.
+                ["stages", body, more @ ..] => {
+                    return Err(format!("a loop's stages are set by their own name: `stages.{body}.{}`", more.join(".")));
                 }
                 _ => return Err("can set params.NAME, retries, timeout or loop.max_iterations of a stage".into()),
             }
@@ -57,13 +61,13 @@ fn apply_one(spec: &mut PipelineFile, o: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A non-negative integer no larger than `max` (never wrapped).
-fn small_int(value: &Value, what: &str, max: u32) -> Result<u32, String> {
+/// An integer from `min` to `max` (never wrapped).
+fn small_int(value: &Value, what: &str, min: u32, max: u32) -> Result<u32, String> {
     value
         .as_u64()
         .and_then(|v| u32::try_from(v).ok())
-        .filter(|v| *v <= max)
-        .ok_or_else(|| format!("{what} must be an integer from 0 to {max}, not `{value}`"))
+        .filter(|v| (min..=max).contains(v))
+        .ok_or_else(|| format!("{what} must be an integer from {min} to {max}, not `{value}`"))
 }
 
 fn all_stage_names(stages: &OrderedMap<StageSpec>) -> Vec<String> {
