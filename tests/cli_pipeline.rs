@@ -124,6 +124,11 @@ fn plan_explains_what_changed_and_exec_runs_one_instance_alone() {
     assert!(plan.contains("a dependency file changed"), "{plan}");
     let dot = text(&rao(&["plan", "p.yaml", "--format", "dot"], dir.path()));
     assert!(dot.starts_with("digraph") && dot.contains("a -> b"), "{dot}");
+    // After a run under another seed, a change is explained against that run, and said to be.
+    assert!(rao(&["run", "p.yaml", "--set", "seed=77"], dir.path()).status.success());
+    let plan = text(&rao(&["plan", "p.yaml", "--set", "params.n=4"], dir.path()));
+    assert!(plan.contains("compared with its last run, which had another seed; params.command changed"), "{plan}");
+    assert!(!plan.contains("seed changed"), "{plan}");
 }
 
 #[test]

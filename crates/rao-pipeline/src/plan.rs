@@ -48,6 +48,13 @@ pub async fn rows(c: &Compiled, store: &Store) -> StoreResult<Vec<Row>> {
                 Some(old) if old.fingerprint == snap.fps[i].clone().unwrap() => {
                     (State::Stale, vec!["its artifacts are missing from the store".into()])
                 }
+                // The index keeps the last run of each instance name, whatever its seed: against
+                // another seed's run its inputs differ too, so say which run this is against.
+                Some(old) if old.parts.seed != parts.seed => {
+                    let mut why = vec!["compared with its last run, which had another seed".to_string()];
+                    why.extend(parts.explain_change(&old.parts).into_iter().filter(|w| w != "seed changed"));
+                    (State::Stale, why)
+                }
                 Some(old) => (State::Stale, parts.explain_change(&old.parts)),
                 None => (State::Missing, vec!["never ran".into()]),
             }
