@@ -57,6 +57,9 @@ impl StageKind for Shell {
     fn outputs(&self) -> Option<&'static [&'static str]> {
         None
     }
+    fn io_placeholder_params(&self) -> &'static [&'static str] {
+        &["command"]
+    }
     fn fingerprint_extra(&self, params: &Value, base_dir: &Path) -> Result<String, String> {
         let p: ShellParams = crate::kind::parse_typed(params).map_err(|e| e.message)?;
         let mut h = blake3::Hasher::new();

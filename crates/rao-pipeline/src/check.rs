@@ -31,6 +31,8 @@ fn name_help() -> String {
 pub struct Checker<'l, 'a> {
     pub lowered: &'l Lowered<'a>,
     pub base_dir: &'l Path,
+    /// The text the positions refer to (to point inside a string value).
+    pub source: &'l str,
     pub diags: Vec<Diagnostic>,
 }
 
@@ -63,6 +65,9 @@ impl Checker<'_, '_> {
             }
         }
         self.check_size();
+        // A problem in a global param is found again by every stage that uses it: say it once.
+        let mut seen = std::collections::HashSet::new();
+        self.diags.retain(|d| seen.insert((d.pos.line, d.pos.column, d.message.clone())));
     }
 
     /// Stage names are unique across the whole file (loop bodies included) and valid.
@@ -149,8 +154,9 @@ impl Checker<'_, '_> {
         let matrix: BTreeMap<String, Value> =
             s.matrix.iter().filter_map(|(k, v)| v.value.first().map(|x| (k.value.clone(), x.clone()))).collect();
         let scope = Scope { params: &self.lowered.spec.params, matrix: &matrix, iteration: in_loop.map(|_| 1) };
-        match scope.params(&s.params) {
+        match scope.params_in(&s.params, Some(self.source)) {
             Ok(params) => {
+                self.check_io_placeholders(st, &params);
                 let located = |e: crate::kind::ParamError| {
                     let pos = e.key.as_deref().and_then(|k| s.params.key_pos(k)).unwrap_or(st.name.pos);
                     let help = e.help.unwrap_or_else(|| format!("`rao schema` lists the params of kind `{}`", kind.name()));
@@ -170,6 +176,50 @@ impl Checker<'_, '_> {
                 }
             }
             Err(d) => self.diags.push(d),
+        }
+    }
+
+    /// `${inputs.NAME}` / `${outputs.NAME}` in the params its kind fills them into
+    /// ([`crate::kind::StageKind::io_placeholder_params`]) name inputs / outputs of the stage: an
+    /// unknown NAME was left in a shell command and reached `sh` as a broken placeholder ("Bad
+    /// substitution") once upstream stages had run. `params` are substituted, so a reference
+    /// brought in by a `${params.…}` is checked too (located at the value then).
+    fn check_io_placeholders(&mut self, st: &Stage, params: &Value) {
+        let keys = st.kind.io_placeholder_params();
+        let inputs: Vec<String> = st.inputs.iter().map(|i| i.name.value.clone()).collect();
+        let outputs = st.outputs();
+        for key in keys {
+            let Some(Value::String(text)) = params.get(*key) else { continue };
+            let mut reported: Vec<&str> = Vec::new();
+            for (what, names) in [("input", &inputs), ("output", &outputs)] {
+                let open = format!("${{{what}s.");
+                for (at, _) in text.match_indices(&open) {
+                    // An unclosed one is the substitution's error (reported already).
+                    let Some(len) = text[at..].find('}') else { continue };
+                    let reference = &text[at..at + len + 1];
+                    let name = &reference[open.len()..len];
+                    if names.iter().any(|n| n == name) || reported.contains(&reference) {
+                        continue;
+                    }
+                    reported.push(reference);
+                    // At the reference itself when the param's text has it (not a global param's).
+                    let (pos, via) = match st.spec.params.get(key) {
+                        Some(Sp { value: Value::String(raw), pos }) => match raw.find(reference) {
+                            Some(i) => (crate::subst::locate(self.source, *pos, raw, i), ""),
+                            None => (*pos, " (through a `${params.…}`)"),
+                        },
+                        Some(w) => (w.pos, ""),
+                        None => (st.name.pos, ""),
+                    };
+                    let help = did_you_mean(name, names.iter().map(|n| n.as_str())).unwrap_or_else(|| match (what, names.is_empty()) {
+                        ("input", true) => format!("the stage has no inputs: add `inputs: {{{name}: STAGE.OUTPUT}}`"),
+                        ("output", true) => format!("the stage has no outputs: add `outputs: [{name}]`"),
+                        _ => format!("its {what}s: {}", names.join(", ")),
+                    });
+                    let message = format!("stage `{}`: `{reference}` in `{key}`{via}: the stage has no {what} `{name}`", st.name.value);
+                    self.err(pos, message, help);
+                }
+            }
         }
     }
 

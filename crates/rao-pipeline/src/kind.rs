@@ -50,6 +50,11 @@ pub trait StageKind: Send + Sync + 'static {
     fn inputs(&self) -> Option<&'static [InputDecl]>;
     /// Declared outputs; `None` takes them from the stage's `outputs:` list.
     fn outputs(&self) -> Option<&'static [&'static str]>;
+    /// The params in which the kind replaces `${inputs.NAME}` and `${outputs.NAME}` with folders
+    /// when it runs: the compiler checks that each NAME is one of the stage's.
+    fn io_placeholder_params(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// Extra content hashed into the fingerprint (e.g. files a command reads).
     fn fingerprint_extra(&self, _params: &Value, _base_dir: &Path) -> Result<String, String> {
         Ok(String::new())
