@@ -254,15 +254,16 @@ async fn repair_input(
     damaged: &InputDamaged,
     reporter: &Reporter,
 ) -> anyhow::Result<()> {
-    if let Some(bytes) = store.get_opt(&crate::layout::manifest_key(&damaged.fingerprint)).await? {
-        // Only the manifest that pointed at the damaged files goes; a newer one is used as it is.
-        let stale = match manifest::parse(&damaged.fingerprint, bytes.clone()) {
-            ManifestState::Done(m) => m.attempt == damaged.attempt,
-            _ => true,
-        };
-        if stale {
-            manifest::quarantine(store, &damaged.fingerprint, &bytes).await?;
-        }
+    // Only the manifest that pointed at the damaged files goes; a newer one is used as it is. A
+    // damaged one (a folder in its place included) goes too: it is no answer either.
+    let (state, bytes) = manifest::read_raw(store, &damaged.fingerprint).await?;
+    let stale = match state {
+        ManifestState::Done(m) => m.attempt == damaged.attempt,
+        ManifestState::Damaged { .. } => true,
+        ManifestState::Missing => false,
+    };
+    if stale {
+        manifest::quarantine(store, &damaged.fingerprint, &bytes).await?;
     }
     let fresh = Box::pin(execute_by_name(c, registry, store, &damaged.producer, &job.run_id, reporter, job.cancel.clone())).await?;
     for artifacts in job.inputs.values_mut() {

@@ -89,17 +89,15 @@ pub struct VerifyReport {
 /// Check every manifest and every byte of every file it names.
 pub async fn verify(store: &Store, repair: bool) -> StoreResult<VerifyReport> {
     let mut report = VerifyReport::default();
-    // Whether `key` is, in a local store, something other than a regular file (links followed,
-    // as reads follow them).
-    let is_special_file = |key: &str| store.local_path(key).and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| !m.is_file());
     for (fp, files) in objects(store).await? {
-        if files.manifest.is_none() {
+        // A listing holds regular files only: a folder where the manifest should be is not
+        // listed, yet every run meets it. It is checked (and found damaged) like a manifest.
+        if files.manifest.is_none() && !manifest::is_not_a_file(store, &crate::layout::manifest_key(&fp)) {
             continue;
         }
         report.manifests += 1;
-        let key = crate::layout::manifest_key(&fp);
-        let Some(bytes) = store.get_opt(&key).await? else { continue };
-        let (instance, problem) = match manifest::parse(&fp, bytes.clone()) {
+        let (state, bytes) = manifest::read_raw(store, &fp).await?;
+        let (instance, problem) = match state {
             ManifestState::Done(m) => {
                 let mut problem = None;
                 'files: for (output, entries) in &m.outputs {
@@ -120,7 +118,7 @@ pub async fn verify(store: &Store, repair: bool) -> StoreResult<VerifyReport> {
                             Ok(None) => Some(format!("{output}/{}: missing", f.path)),
                             // A folder, a FIFO or a device where the file was is what was found,
                             // not a store that failed to answer.
-                            Err(_) if is_special_file(&key) => Some(format!("{output}/{}: not a regular file", f.path)),
+                            Err(_) if manifest::is_not_a_file(store, &key) => Some(format!("{output}/{}: not a regular file", f.path)),
                             Err(e) => return Err(e),
                         };
                         if why.is_some() {
@@ -199,14 +197,17 @@ async fn collect(
             continue;
         }
         let unwanted = keep.is_some_and(|k| !k.contains(&fp)) && !in_use.contains(&fp) && files.manifest.is_none_or(old);
-        let referenced = match store.get_opt(&crate::layout::manifest_key(&fp)).await? {
-            Some(bytes) => match manifest::parse(&fp, bytes) {
-                ManifestState::Done(m) => Referenced::One(m.attempt.unwrap_or_else(|| "out".into())),
-                // Unreadable (damaged, or written by a newer rao): `rao verify --repair` sets it
-                // aside first; until then its attempts stay.
-                _ => Referenced::Unknown,
-            },
-            None => Referenced::None,
+        let key = crate::layout::manifest_key(&fp);
+        // Not listed (listings hold regular files only) but there: goes with an unwanted object.
+        // Asked before the attempts go: a folder with files in it is listed as one of them.
+        let not_a_file = files.manifest.is_none() && manifest::is_not_a_file(store, &key);
+        let referenced = match manifest::read(store, &fp).await? {
+            ManifestState::Done(m) => Referenced::One(m.attempt.unwrap_or_else(|| "out".into())),
+            // Unreadable (damaged — not a regular file included —, or written by a newer rao):
+            // `rao verify --repair` or the next run sets it aside first; until then its attempts
+            // stay. Damage of one object does not stop gc; a store error still does.
+            ManifestState::Damaged { .. } => Referenced::Unknown,
+            ManifestState::Missing => Referenced::None,
         };
         for (attempt, &(bytes, newest)) in &files.attempts {
             let orphan = match &referenced {
@@ -225,10 +226,9 @@ async fn collect(
                 report.removed.push(prefix);
             }
         }
-        if unwanted && files.manifest.is_some() && files.attempts.values().all(|&(_, newest)| old(newest)) {
-            let key = crate::layout::manifest_key(&fp);
+        if unwanted && (files.manifest.is_some() || not_a_file) && files.attempts.values().all(|&(_, newest)| old(newest)) {
             if delete {
-                store.delete(&key).await?;
+                manifest::delete(store, &fp).await?;
                 // What is left of the object is empty folders (local stores). Only empty ones go:
                 // a run that found the manifest gone may be publishing a new attempt there now.
                 store.remove_empty_folders(&crate::layout::object_dir(&fp));
@@ -272,7 +272,8 @@ async fn collect(
         }
     }
     for (fp, (size, newest)) in progress {
-        let done = store.get_opt(&crate::layout::manifest_key(&fp)).await?.is_some();
+        // Done: a manifest stands there, damaged or not (a folder in its place included).
+        let done = !matches!(manifest::read(store, &fp).await?, ManifestState::Missing);
         let unwanted = keep.is_some_and(|k| !k.contains(&fp)) && !in_use.contains(&fp) && old(newest);
         if (done || unwanted) && !lease_live(&fp).await {
             let prefix = format!("{}/", crate::layout::progress_prefix(&fp));

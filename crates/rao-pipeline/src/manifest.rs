@@ -4,14 +4,17 @@
 //! hash. Reading one checks it (valid JSON, its own fingerprint, safe paths), and a cache hit
 //! checks that every file is there with its size; an input's content hash is checked before a
 //! stage reads it (`integrity.rs`). Whatever fails is *damaged*: reported, set aside
-//! (quarantined) and recomputed, never used.
+//! (quarantined) and recomputed, never used. So is, in a local store, something other than a
+//! regular file where the manifest should be (a folder, a pipe, a device): a read of it fails,
+//! but what failed is that one object, not the store. Any other read error is the store's and
+//! stops the caller.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::layout::{self, check_component, check_rel_path, is_attempt_id, manifest_key};
-use crate::store::{Store, StoreResult};
+use crate::store::{Store, StoreError, StoreResult};
 
 /// One file of an output.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -102,8 +105,32 @@ impl ManifestState {
 
 /// Read and check the manifest of `fp`.
 pub async fn read(store: &Store, fp: &str) -> StoreResult<ManifestState> {
-    let Some(bytes) = store.get_opt(&manifest_key(fp)).await? else { return Ok(ManifestState::Missing) };
-    Ok(parse(fp, bytes))
+    Ok(read_raw(store, fp).await?.0)
+}
+
+/// [`read`], with the bytes read (empty when what stands there is not a regular file): what
+/// [`quarantine`] is given to set a damaged manifest aside.
+pub async fn read_raw(store: &Store, fp: &str) -> StoreResult<(ManifestState, bytes::Bytes)> {
+    let key = manifest_key(fp);
+    match store.get_opt(&key).await {
+        Ok(Some(bytes)) => Ok((parse(fp, bytes.clone()), bytes)),
+        Ok(None) => Ok((ManifestState::Missing, bytes::Bytes::new())),
+        // What was found there, not a store that failed to answer: damage of this object only.
+        Err(_) if is_not_a_file(store, &key) => {
+            Ok((ManifestState::Damaged { why: NOT_A_FILE.into(), bytes: bytes::Bytes::new() }, bytes::Bytes::new()))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+const NOT_A_FILE: &str = "MANIFEST.json is not a regular file (a folder, a pipe or a device)";
+
+/// Whether `key` is, in a local store, something other than a regular file: a folder, a pipe, a
+/// device (links followed, as reads follow them). Asked after a read of `key` failed, it tells
+/// damage (what was found) from a store that failed to answer (any other error, a bucket's
+/// included): a path that cannot even be looked at is the latter.
+pub fn is_not_a_file(store: &Store, key: &str) -> bool {
+    store.local_path(key).and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| !m.is_file())
 }
 
 pub fn parse(fp: &str, bytes: bytes::Bytes) -> ManifestState {
@@ -165,12 +192,43 @@ fn compare_sizes(output: &str, files: &[FileEntry], found: impl Fn(&str) -> Opti
 
 /// Set a damaged manifest aside so the instance counts as not done: its bytes go to
 /// `quarantine/`, then it is deleted — unless someone has meanwhile replaced it with another one.
+/// Something that is not a regular file where the manifest should be (local stores) has no bytes
+/// to keep: a note says what went, and it is removed (a folder with what is in it).
 pub async fn quarantine(store: &Store, fp: &str, found: &bytes::Bytes) -> StoreResult<()> {
     let key = manifest_key(fp);
-    if store.get_opt(&key).await?.as_ref() != Some(found) {
-        return Ok(());
+    let note = match store.get_opt(&key).await {
+        Ok(now) if now.as_ref() != Some(found) => return Ok(()),
+        Ok(_) => found.clone(),
+        // Nothing to compare: still not a file, it is still damaged. (No one's new manifest can
+        // be renamed onto a folder; onto a device, in a race this narrow, it costs a recompute.)
+        Err(_) if is_not_a_file(store, &key) => {
+            serde_json::to_vec(&serde_json::json!({ "set_aside": format!("{NOT_A_FILE}; it was removed") }))
+                .expect("serialising to JSON cannot fail")
+                .into()
+        }
+        Err(e) => return Err(e),
+    };
+    store.put(&layout::quarantine_key(fp, crate::exec::now_secs()), note).await?;
+    delete(store, fp).await
+}
+
+/// Delete the manifest of `fp`, or what stands in its place: a folder there (local stores) goes
+/// with what is in it. Only that path: the object's attempts stay. A link goes, never what it
+/// points to.
+pub async fn delete(store: &Store, fp: &str) -> StoreResult<()> {
+    let key = manifest_key(fp);
+    // `store.delete` removes one object: a folder at a key's place holds other keys, so it is
+    // removed here, for the manifest's path alone, rather than by every delete. A fingerprint
+    // read from a listing is one plain name: the path stays inside the object's folder.
+    let folder = store.local_path(&key).filter(|_| !fp.is_empty() && !fp.contains(['/', '\\']) && fp != "." && fp != "..");
+    if let Some(path) = folder.filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())) {
+        return match std::fs::remove_dir_all(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(StoreError::Object { key, message: format!("{}: {e}", path.display()) })
+            }
+            _ => Ok(()),
+        };
     }
-    store.put(&layout::quarantine_key(fp, crate::exec::now_secs()), found.clone()).await?;
     store.delete(&key).await
 }
 
@@ -206,5 +264,48 @@ mod tests {
         let other = parse("ffffffffffffffffffffffffffffffff", serde_json::to_vec(&manifest("f")).unwrap().into());
         assert!(matches!(other, ManifestState::Damaged { .. }));
         assert!(matches!(parse(fp, bytes::Bytes::from_static(b"{\"fingerprint\": \"01")), ManifestState::Damaged { .. }));
+    }
+
+    fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread().build().expect("a runtime").block_on(f)
+    }
+
+    /// A folder where the manifest should be is damage of that object: setting it aside removes
+    /// that folder, with what is in it, and nothing else; a link there goes, never its target. A
+    /// regular file whose read fails is the store's error, not damage.
+    #[cfg(unix)]
+    #[test]
+    fn a_folder_in_place_of_a_manifest_is_damage_and_only_it_is_set_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(".", dir.path()).unwrap();
+        let fp = "0123456789abcdef0123456789abcdef";
+        let obj = dir.path().join(layout::object_dir(fp));
+        std::fs::create_dir_all(obj.join("MANIFEST.json/inner")).unwrap();
+        std::fs::write(obj.join("MANIFEST.json/inner/x"), b"x").unwrap();
+        std::fs::create_dir_all(obj.join("a-0123456789abcdef/o")).unwrap();
+        std::fs::write(obj.join("a-0123456789abcdef/o/v"), b"v").unwrap();
+        let set_aside = || {
+            block(async {
+                let (state, bytes) = read_raw(&store, fp).await.unwrap();
+                assert!(matches!(&state, ManifestState::Damaged { why, .. } if why.contains("not a regular file")), "{state:?}");
+                quarantine(&store, fp, &bytes).await.unwrap();
+                assert!(matches!(read(&store, fp).await.unwrap(), ManifestState::Missing));
+            })
+        };
+        set_aside();
+        assert!(obj.join("a-0123456789abcdef/o/v").is_file(), "the rest of the object stays");
+        assert_eq!(std::fs::read_dir(dir.path().join("quarantine")).unwrap().count(), 1, "a note says what went");
+
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"k").unwrap();
+        std::os::unix::fs::symlink(outside.path(), obj.join("MANIFEST.json")).unwrap();
+        set_aside();
+        assert!(outside.path().join("keep").is_file(), "a link's target stays");
+
+        #[cfg(target_os = "linux")]
+        {
+            std::os::unix::fs::symlink("/proc/self/mem", obj.join("MANIFEST.json")).unwrap();
+            assert!(block(read(&store, fp)).is_err(), "an I/O error on a regular file is the store's, not damage");
+        }
     }
 }

@@ -327,11 +327,9 @@ impl Scheduler {
         if let Some(ManifestState::Done(m)) = self.ahead.take(i, fp) {
             return Ok(Some(m));
         }
-        let bytes = match self.store.get_opt(&crate::layout::manifest_key(fp)).await? {
-            Some(b) => b,
-            None => return Ok(None),
-        };
-        let why = match manifest::parse(fp, bytes.clone()) {
+        // `read_raw`: something other than a file in the manifest's place is damage too.
+        let (state, bytes) = manifest::read_raw(&self.store, fp).await?;
+        let why = match state {
             ManifestState::Done(m) => match manifest::check_sizes(&self.store, &m).await? {
                 Ok(()) => return Ok(Some(m)),
                 Err(why) => why,
