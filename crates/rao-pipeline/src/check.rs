@@ -33,6 +33,9 @@ pub struct Checker<'l, 'a> {
     pub base_dir: &'l Path,
     /// The text the positions refer to (to point inside a string value).
     pub source: &'l str,
+    /// `PATH=VALUE` changes applied to the file (`--set`, a variant's `set:`): an error in a
+    /// value they gave names them, since the file's line shows another value.
+    pub overrides: &'l [String],
     pub diags: Vec<Diagnostic>,
 }
 
@@ -157,9 +160,13 @@ impl Checker<'_, '_> {
         match scope.params_in(&s.params, Some(self.source)) {
             Ok(params) => {
                 self.check_io_placeholders(st, &params);
+                let overrides = self.overrides;
                 let located = |e: crate::kind::ParamError| {
                     let pos = e.key.as_deref().and_then(|k| s.params.key_pos(k)).unwrap_or(st.name.pos);
-                    let help = e.help.unwrap_or_else(|| format!("`rao schema` lists the params of kind `{}`", kind.name()));
+                    let mut help = e.help.unwrap_or_else(|| format!("`rao schema` lists the params of kind `{}`", kind.name()));
+                    if let Some(given) = e.key.as_deref().and_then(|k| override_of(overrides, st, k)) {
+                        help.push_str(&format!("; the value was given as `{given}` (by --set or a variant's `set:`)"));
+                    }
                     Diagnostic::new(pos, format!("stage `{}`: {}", st.name.value, e.message)).help(help)
                 };
                 match kind.check_params(&params) {
@@ -540,4 +547,21 @@ pub fn top_order(stages: &OrderedMap<StageSpec>) -> Vec<usize> {
         }
     }
     out
+}
+
+/// The override (as recorded: credentials redacted) that gave stage `st`'s param `key` its
+/// value: `stages.ST.params.KEY…` itself, or `params.NAME…` of a global param the file's
+/// value of `key` reads.
+fn override_of(overrides: &[String], st: &Stage, key: &str) -> Option<String> {
+    let top = key.split('.').next().unwrap_or(key);
+    let own = format!("stages.{}.params.{top}", st.name.value);
+    let raw = st.spec.params.get(top).and_then(|v| v.value.as_str()).unwrap_or("");
+    let given = overrides.iter().rev().find(|o| {
+        let path = o.split_once('=').map_or(o.as_str(), |(p, _)| p);
+        let reads = |g: &str| raw.contains(&format!("${{params.{g}}}")) || raw.contains(&format!("${{params.{g}."));
+        path == own
+            || path.starts_with(&format!("{own}."))
+            || path.strip_prefix("params.").is_some_and(|g| reads(g) || reads(g.split('.').next().unwrap_or(g)))
+    })?;
+    crate::run_record::redact_overrides(std::slice::from_ref(given)).pop()
 }

@@ -298,7 +298,7 @@ pub fn compile_str(label: &str, text: &str, base_dir: &Path, overrides: &[String
     crate::overrides::apply(&mut spec, overrides).map_err(|d| fail(vec![d]))?;
     let mut diags = Vec::new();
     let lowered = crate::lower::lower(&spec, registry, &mut diags);
-    let mut checker = crate::check::Checker { lowered: &lowered, base_dir, source: text, diags };
+    let mut checker = crate::check::Checker { lowered: &lowered, base_dir, source: text, overrides, diags };
     checker.check_all();
     if !checker.diags.is_empty() {
         return Err(fail(checker.diags));
