@@ -240,3 +240,24 @@ fn verify_reports_a_fifo_or_a_folder_where_a_file_was_as_damage_and_goes_on() {
     let v = rao(&["verify", "p.yaml"], dir.path());
     assert!(v.status.success(), "{}", v.text);
 }
+
+#[test]
+fn what_a_finished_shell_command_left_running_cannot_change_its_published_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    // The command succeeds at once; what it left behind holds its output file open, to write
+    // into it once it is published.
+    pipeline(
+        dir.path(),
+        &format!(
+            "  a: {{kind: shell, params: {{command: 'echo done > ${{outputs.o}}/v; (exec 3>>${{outputs.o}}/v; sleep 8; echo late >&3) >/dev/null 2>&1 & echo $! >> {p}'}}, outputs: [o]}}\n",
+            p = pids.display()
+        ),
+    );
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(o.status.success(), "{}", o.text);
+    assert_all_gone(&wait_for_pids(&pids, 1), "after the command ended");
+    let v = rao(&["verify", "p.yaml"], dir.path());
+    assert!(v.status.success() && v.text.contains("0 damaged"), "{}", v.text);
+    assert_eq!(std::fs::read_to_string(output_dir(dir.path(), "a").join("v")).unwrap(), "done\n");
+}

@@ -124,10 +124,12 @@ async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
     #[cfg(unix)]
     cmd.process_group(0);
     let child = cmd.spawn()?;
-    let mut group = KillGroup(child.id());
+    // Dropped when this function returns, the command ended or not: what it left running in
+    // the background (`cmd &` with its output redirected) could otherwise go on writing into
+    // outputs that are then published and hashed. Right after `sh` is reaped its id cannot have
+    // been given to another process group yet.
+    let _group = KillGroup(child.id());
     let out = child.wait_with_output().await?;
-    // Ended by itself: whatever it left in the background is the command's business, as before.
-    group.0 = None;
     if !out.status.success() {
         let tail: String =
             String::from_utf8_lossy(&out.stderr).lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
@@ -137,7 +139,7 @@ async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
 }
 
 /// Kills a shell command's process group (its id is the `sh`'s PID) when dropped: when the
-/// stage's future is, on a timeout or Ctrl-C, before the command has ended.
+/// command has ended, and when the stage's future is dropped before that (a timeout, Ctrl-C).
 #[cfg_attr(not(unix), allow(dead_code))]
 struct KillGroup(Option<u32>);
 
