@@ -4,6 +4,7 @@ copy of each in a known place and report where the validator puts the error.
 Usage: check_schema.py SCHEMA FILE...   Prints one JSON object per file:
   {"file", "errors": [...] (of the file as it is), "broken": [{"what", "expect", "path", "message"}]}
 where `path` is the JSON path of the best-matching error of the broken copy (null if it validated).
+       check_schema.py --as-is SCHEMA FILE...   Only {"file", "errors"}: files that are broken already.
 """
 
 import copy
@@ -82,11 +83,18 @@ def first_nested_param(stages, prefix):
 
 
 def main():
-    schema = json.load(open(sys.argv[1]))
+    args = sys.argv[1:]
+    as_is = args[0] == "--as-is"
+    if as_is:
+        args = args[1:]
+    schema = json.load(open(args[0]))
     jsonschema.Draft202012Validator.check_schema(schema)
     validator = jsonschema.Draft202012Validator(schema)
-    for path in sys.argv[2:]:
+    for path in args[1:]:
         doc = yaml.safe_load(open(path))
+        if as_is:
+            print(json.dumps({"file": path, "errors": errors(validator, doc)}))
+            continue
         broken = []
         for what, expect, d in breakages(doc):
             broken.append({"what": what, "expect": expect, **(best(validator, d) or {"path": None, "message": None})})

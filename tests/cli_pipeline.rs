@@ -271,6 +271,56 @@ fn shipped_pipelines_match_the_json_schema_and_broken_copies_fail_where_broken()
 
 /// The main job's plan without a store: totals, a folded status, folded JSON, and a dot graph
 /// with the loop as one cluster that Graphviz lays out at once (not 1,000 instance nodes).
+/// What the compiler refuses for its shape alone — names, a stage that is neither a kind nor a
+/// loop, empty or out-of-range counts, durations — the schema refuses too, so an editor flags it
+/// where it is typed (files of the bad-pipelines corpus, each rejected by `rao validate`).
+#[test]
+fn the_json_schema_refuses_what_the_compiler_refuses_for_its_shape() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let shapes = [
+        "stage-no-kind",
+        "stage-no-kind-in-loop",
+        "stage-kind-and-loop",
+        "stage-stages-without-loop",
+        "loop-with-params",
+        "loop-no-stages",
+        "loop-zero-iterations",
+        "loop-every-zero",
+        "top-stages-empty",
+        "top-name-empty",
+        "top-name-dots",
+        "top-name-slash",
+        "top-name-huge",
+        "top-seed-too-big",
+        "stage-name-slash",
+        "stage-name-long",
+        "output-bad-name",
+        "output-name-long",
+        "output-twice",
+        "matrix-key-invalid",
+        "matrix-empty",
+        "stage-retries-huge",
+        "stage-timeout-zero",
+        "stage-timeout-negative",
+        "stage-timeout-unit",
+    ];
+    let files: Vec<std::path::PathBuf> = shapes.iter().map(|f| root.join(format!("tests/bad-pipelines/{f}.yaml"))).collect();
+    let o = Command::new(&python)
+        .arg(root.join("scripts/check_schema.py"))
+        .arg("--as-is")
+        .arg(root.join("schemas/pipeline.schema.json"))
+        .args(&files)
+        .output()
+        .expect("python runs");
+    assert!(o.status.success(), "check_schema.py failed (scripts/test installs jsonschema):\n{}", text(&o));
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_ne!(r["errors"], serde_json::json!([]), "the schema accepts {}", r["file"]);
+    }
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), shapes.len());
+}
+
 #[test]
 fn plan_and_status_fold_loops_and_count() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");

@@ -49,6 +49,7 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
             kind["enum"] = json!(names);
         }
     }
+    tighten(&mut defs);
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "rao pipeline file",
@@ -58,6 +59,51 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
         "else": pipeline,
         "$defs": Value::Object(defs),
     })
+}
+
+/// Rules of the compiler's checks (`check.rs`, `lower.rs`) that a schema can state too, so that
+/// an editor flags them where they are typed: names, a stage is a kind or a loop, counts.
+fn tighten(defs: &mut Map<String, Value>) {
+    let name = format!("^[A-Za-z0-9_-]{{1,{}}}$", crate::layout::MAX_NAME_LEN);
+    let mut set = |def: &str, path: &[&str], rules: Value| {
+        let mut at = defs.get_mut(def);
+        for key in path {
+            at = at.and_then(|v| match key.parse::<usize>() {
+                Ok(i) => v.get_mut(i),
+                Err(_) => v.get_mut(*key),
+            });
+        }
+        if let (Some(Value::Object(o)), Value::Object(r)) = (at, rules) {
+            o.extend(r);
+        }
+    };
+    for def in ["PipelineFile", "VariantFile"] {
+        set(def, &["properties", "name"], json!({"pattern": name}));
+    }
+    set("PipelineFile", &["properties", "stages"], json!({"propertyNames": {"pattern": name}, "minProperties": 1}));
+    set("StageSpec", &["properties", "stages"], json!({"propertyNames": {"pattern": name}}));
+    set("StageSpec", &["properties", "outputs", "items"], json!({"pattern": name}));
+    set("StageSpec", &["properties", "matrix"], json!({"propertyNames": {"pattern": name}}));
+    set("StageSpec", &["properties", "matrix", "additionalProperties"], json!({"minItems": 1}));
+    set("StageSpec", &["properties", "retries"], json!({"maximum": crate::check::MAX_RETRIES}));
+    set("StageSpec", &["properties", "every"], json!({"minimum": 1}));
+    set("LoopSpec", &["properties", "max_iterations"], json!({"minimum": 1}));
+    set("StageSpec", &["properties", "outputs"], json!({"uniqueItems": true}));
+    set("PipelineFile", &["properties", "seed"], json!({"maximum": u64::MAX}));
+    // `spec::Duration::parse`: positive, at most a year; text is a number and ms, s, m or h.
+    set("Duration", &["anyOf", "0"], json!({"exclusiveMinimum": 0, "maximum": crate::check::MAX_TIMEOUT_S}));
+    set("Duration", &["anyOf", "1"], json!({"pattern": r"^\s*\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*(ms|s|m|h)?\s*$"}));
+    // A stage has a `kind`; a loop has `loop` and a body of `stages`, and nothing a kind takes.
+    let kind_only = ["loop", "stages"].map(|k| json!({"required": [k]}));
+    let loop_only = ["kind", "params", "inputs", "outputs", "matrix", "every"].map(|k| json!({"required": [k]}));
+    set(
+        "StageSpec",
+        &[],
+        json!({"oneOf": [
+            {"required": ["kind"], "not": {"anyOf": kind_only}},
+            {"required": ["loop", "stages"], "properties": {"stages": {"minProperties": 1}}, "not": {"anyOf": loop_only}},
+        ]}),
+    );
 }
 
 /// Move `schema`'s own `$defs` into `defs`; a name another kind already defines differently is
