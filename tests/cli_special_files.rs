@@ -189,20 +189,23 @@ fn a_timed_out_shell_stage_takes_the_processes_it_started_with_it() {
 }
 
 #[test]
-fn ctrl_c_takes_the_processes_a_shell_stage_started_with_it() {
+fn ctrl_c_sigterm_and_sighup_take_the_processes_a_shell_stage_started_with_it() {
     let dir = tempfile::tempdir().unwrap();
-    for executor in ["in-process", "process"] {
+    // A stage runs in a session of its own, out of the terminal's reach: rao passes each on.
+    for (executor, signal) in
+        [("in-process", libc::SIGINT), ("process", libc::SIGINT), ("in-process", libc::SIGTERM), ("process", libc::SIGHUP)]
+    {
         let pids = background_sleeps(dir.path(), "");
         let args = ["run", "p.yaml", "--json", "--executor", executor];
         let child = start(&args, dir.path());
         let started = wait_for_pids(&pids, 2);
-        // As the terminal's Ctrl-C does: a SIGINT to `rao` (its stage is in a group of its own).
+        // As the terminal's Ctrl-C (or its closing, or `kill`) does: the signal to `rao` alone.
         // SAFETY: a signal to the child this test started and has not yet waited for.
-        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
         let o = finish(child, &args, dir.path(), Duration::from_secs(30));
-        assert_eq!(o.status.code(), Some(130), "{executor}: {}", o.text);
-        assert!(o.text.contains(r#""status":"cancelled""#), "{executor}: {}", o.text);
-        assert_all_gone(&started, &format!("{executor}: after Ctrl-C"));
+        assert_eq!(o.status.code(), Some(130), "{executor}, signal {signal}: {}", o.text);
+        assert!(o.text.contains(r#""status":"cancelled""#), "{executor}, signal {signal}: {}", o.text);
+        assert_all_gone(&started, &format!("{executor}: after signal {signal}"));
     }
 }
 

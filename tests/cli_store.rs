@@ -398,6 +398,14 @@ fn gc_keeps_the_results_of_runs_made_with_set_values_unless_told_otherwise() {
     assert!(gc.status.success() && text(&gc).contains("seed=2"), "{}", text(&gc));
     assert!(object_dir(dir.path(), &seed2).exists() && object_dir(dir.path(), &plain).exists(), "{}", text(&gc));
 
+    // A run record it cannot read: what that run used is unknown, so nothing finished goes.
+    let unreadable = dir.path().join(".rao/store/runs/p/20000101T000000Z-1.json");
+    std::fs::write(&unreadable, b"{not a record").unwrap();
+    let gc = rao(&["gc", "p.yaml", "--set", "seed=2", "--delete", "--min-age", "0"], dir.path());
+    assert!(gc.status.success() && text(&gc).contains("cannot be read"), "{}", text(&gc));
+    assert!(object_dir(dir.path(), &plain).exists(), "{}", text(&gc));
+    std::fs::remove_file(&unreadable).unwrap();
+
     // Told to keep only what the file names under the values given: the other seed's results go.
     let gc = rao(&["gc", "p.yaml", "--set", "seed=2", "--keep-runs", "none", "--delete", "--min-age", "0"], dir.path());
     assert!(gc.status.success(), "{}", text(&gc));

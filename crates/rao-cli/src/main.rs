@@ -637,13 +637,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 Reporter::plain()
             };
             let run_id = run_id.unwrap_or_else(rao_pipeline::scheduler::new_run_id);
-            // Ctrl-C stops the stage at its next step and releases its lease, as in `rao run`.
+            // Ctrl-C (or SIGTERM, SIGHUP) stops the stage at its next step and releases its
+            // lease, as in `rao run`.
             let cancel = rao_pipeline::CancellationToken::new();
             let on_ctrl_c = cancel.clone();
             tokio::spawn(async move {
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    on_ctrl_c.cancel();
-                }
+                rao_pipeline::interrupt::interrupted().await;
+                on_ctrl_c.cancel();
             });
             let m = match rao_pipeline::exec::execute_by_name(&c, &registry, &store, &instance, &run_id, &reporter, cancel).await {
                 Err(e) if matches!(e.downcast_ref(), Some(rao_pipeline::exec::ExecError::Cancelled)) => {
@@ -838,11 +838,23 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                         );
                         keep = None;
                     }
+                    let newest = match keep_runs {
+                        KeepRuns::Latest => Some(rao_pipeline::run_record::newest_runs_fingerprints(&store, &c.name).await?),
+                        KeepRuns::None => None,
+                    };
+                    if let Some(key) = newest.as_ref().and_then(|n| n.unreadable.as_ref()) {
+                        eprintln!(
+                            "note: {}: run record `{key}` cannot be read, so what its run used is unknown; \
+                             every finished object is kept, only leftovers go",
+                            p.display()
+                        );
+                        keep = None;
+                    }
                     if let Some(k) = keep.as_mut() {
                         k.extend(snap.fps.into_iter().flatten());
-                        if matches!(keep_runs, KeepRuns::Latest) {
-                            let (fps, other_sets) = rao_pipeline::run_record::newest_runs_fingerprints(&store, &c.name).await?;
-                            k.extend(fps);
+                        if let Some(newest) = newest {
+                            k.extend(newest.fingerprints);
+                            let other_sets = newest.with_overrides;
                             if !other_sets.is_empty() {
                                 let listed: Vec<String> = other_sets.iter().map(|o| o.join(" ")).collect();
                                 eprintln!(

@@ -118,28 +118,79 @@ async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
         .stderr(std::process::Stdio::piped())
         // A timeout or Ctrl-C drops this future: the child must not outlive it.
         .kill_on_drop(true);
-    // In a process group of its own, so that what the command starts (`train & watch`) can be
-    // killed with it; `kill_on_drop` alone kills only `sh`. The terminal's Ctrl-C no longer
-    // reaches the group: the run's cancellation drops this future, and the guard kills it then.
+    // In a session (and process group) of its own, so that what the command starts (`train &
+    // watch`) is killed with it — `kill_on_drop` alone kills only `sh` —, and without a
+    // controlling terminal: a prompt (ssh, sudo) fails at once instead of stopping the stage in
+    // the background. The terminal's signals no longer reach it: rao handles Ctrl-C, SIGTERM and
+    // SIGHUP by cancelling its stages (`interrupt.rs`), which kills their groups.
     #[cfg(unix)]
-    cmd.process_group(0);
-    let child = cmd.spawn()?;
-    // Dropped when this function returns, the command ended or not: what it left running in
-    // the background (`cmd &` with its output redirected) could otherwise go on writing into
-    // outputs that are then published and hashed. Right after `sh` is reaped its id cannot have
-    // been given to another process group yet.
-    let _group = KillGroup(child.id());
-    let out = child.wait_with_output().await?;
-    if !out.status.success() {
-        let tail: String =
-            String::from_utf8_lossy(&out.stderr).lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-        anyhow::bail!("command exited with {}: {}\n{}", out.status, p.command, tail);
+    // SAFETY: `setsid` is async-signal-safe and touches only the new child.
+    unsafe {
+        cmd.pre_exec(|| if libc::setsid() < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
+    }
+    let mut child = cmd.spawn()?;
+    let stderr = child.stderr.take().map(|e| tokio::spawn(stderr_tail(e)));
+    // Armed until the group has been killed below: dropped before that (a timeout, Ctrl-C), it
+    // kills the group. `sh` is not reaped before then, so its id names this group and no other.
+    let group = KillGroup(child.id());
+    exited_unreaped(child.id()).await?;
+    // What the command left running in the background (`cmd &` with its output redirected)
+    // could go on writing into outputs that are then published and hashed: it goes now.
+    drop(group);
+    let status = child.wait().await?;
+    // A process that left the group (`setsid cmd &`) may hold stderr open: the tail so far.
+    let tail = match stderr {
+        Some(reader) => tokio::time::timeout(std::time::Duration::from_secs(2), reader).await.ok().and_then(Result::ok).unwrap_or_default(),
+        None => String::new(),
+    };
+    if !status.success() {
+        anyhow::bail!("command exited with {status}: {}\n{tail}", p.command);
+    }
+    Ok(())
+}
+
+/// The last five lines of what a command writes to stderr, from at most its last 64 KiB (a
+/// command may write without end).
+async fn stderr_tail(mut stderr: tokio::process::ChildStderr) -> String {
+    use tokio::io::AsyncReadExt;
+    const KEEP: usize = 64 << 10;
+    let (mut kept, mut buf) = (Vec::new(), vec![0u8; 16 << 10]);
+    while let Ok(n @ 1..) = stderr.read(&mut buf).await {
+        kept.extend_from_slice(&buf[..n]);
+        if kept.len() > 2 * KEEP {
+            kept.drain(..kept.len() - KEEP);
+        }
+    }
+    let text = String::from_utf8_lossy(&kept[kept.len().saturating_sub(KEEP)..]).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
+}
+
+/// Waits until the process `pid` (a child of this one) has exited, without reaping it: while it
+/// is a zombie its id still names its process group, so killing that group reaches no one else.
+async fn exited_unreaped(pid: Option<u32>) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    if let Some(pid) = pid.and_then(|p| libc::id_t::try_from(p).ok()) {
+        tokio::task::spawn_blocking(move || {
+            loop {
+                let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
+                // SAFETY: `info` is written by the call; WNOWAIT leaves the child to be reaped later.
+                let r = unsafe { libc::waitid(libc::P_PID, pid, info.as_mut_ptr(), libc::WEXITED | libc::WNOWAIT) };
+                match r {
+                    0 => return Ok(()),
+                    _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => continue,
+                    _ => return Err(std::io::Error::last_os_error()),
+                }
+            }
+        })
+        .await??;
     }
     Ok(())
 }
 
 /// Kills a shell command's process group (its id is the `sh`'s PID) when dropped: when the
-/// command has ended, and when the stage's future is dropped before that (a timeout, Ctrl-C).
+/// command has ended (before `sh` is reaped), and when the stage's future is dropped before that
+/// (a timeout, Ctrl-C).
 #[cfg_attr(not(unix), allow(dead_code))]
 struct KillGroup(Option<u32>);
 
@@ -147,8 +198,7 @@ impl Drop for KillGroup {
     fn drop(&mut self) {
         #[cfg(unix)]
         if let Some(pgid) = self.0.and_then(|id| libc::pid_t::try_from(id).ok()) {
-            // SAFETY: a plain system call. The kernel gives the id to no other process while
-            // anything in the group runs, `sh` reaped or not.
+            // SAFETY: a plain system call, to a group whose leader is not yet reaped (see above).
             unsafe { libc::killpg(pgid, libc::SIGKILL) };
         }
     }

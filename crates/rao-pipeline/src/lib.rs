@@ -14,6 +14,7 @@ pub mod executor;
 pub mod expand;
 pub mod fingerprint;
 pub mod integrity;
+pub mod interrupt;
 pub mod kind;
 pub mod layout;
 pub mod lease;

@@ -184,15 +184,21 @@ pub async fn live_fingerprints(store: &Store) -> StoreResult<std::collections::B
     Ok(fps)
 }
 
+/// What the newest recorded runs of a pipeline used ([`newest_runs_fingerprints`]).
+pub struct NewestRuns {
+    pub fingerprints: std::collections::BTreeSet<String>,
+    /// The `--set` lists (as recorded, credentials redacted) of the runs that had any.
+    pub with_overrides: Vec<Vec<String>>,
+    /// A record that is there but cannot be read (damaged, or written by a newer rao): which
+    /// results it names is unknown, so nothing of this pipeline may be taken for garbage.
+    pub unreadable: Option<String>,
+}
+
 /// What the newest recorded runs of `pipeline` used, one run for each list of `--set` values it
 /// was run with (and the newest that succeeded, where a later one of the same values did not):
 /// `rao gc P` keeps it, so that results made with `--set seed=2` are not garbage because the
-/// file alone names seed 1. Returns the fingerprints and the `--set` lists (as recorded, secrets
-/// redacted) of the runs that were not plain (no `--set`). A record that cannot be read adds nothing.
-pub async fn newest_runs_fingerprints(
-    store: &Store,
-    pipeline: &str,
-) -> StoreResult<(std::collections::BTreeSet<String>, Vec<Vec<String>>)> {
+/// file alone names seed 1. A store that fails to answer is an error (gc stops).
+pub async fn newest_runs_fingerprints(store: &Store, pipeline: &str) -> StoreResult<NewestRuns> {
     use std::collections::BTreeMap;
     // Per list of overrides: the newest run, and the newest that succeeded.
     let mut newest: BTreeMap<Vec<String>, (Option<RunRecord>, Option<RunRecord>)> = BTreeMap::new();
@@ -201,7 +207,15 @@ pub async fn newest_runs_fingerprints(
         if key.ends_with("/latest.json") {
             continue;
         }
-        let Ok(Some(r)) = store.get_json::<RunRecord>(&key).await else { continue };
+        let r = match store.get_json::<RunRecord>(&key).await {
+            Ok(Some(r)) => r,
+            // Removed since the listing (another gc, a person): it names nothing any more.
+            Ok(None) | Err(crate::store::StoreError::NotFound { .. }) => continue,
+            Err(crate::store::StoreError::Json { .. }) => {
+                return Ok(NewestRuns { fingerprints: Default::default(), with_overrides: Vec::new(), unreadable: Some(key) });
+            }
+            Err(e) => return Err(e),
+        };
         let slots = newest.entry(r.overrides.clone()).or_default();
         if r.status == RunStatus::Succeeded && newer(&slots.1, &r) {
             slots.1 = Some(r.clone());
@@ -216,7 +230,7 @@ pub async fn newest_runs_fingerprints(
         fps.extend(used.filter_map(|i| i.fingerprint.clone()));
     }
     let with_overrides = newest.into_keys().filter(|o| !o.is_empty()).collect();
-    Ok((fps, with_overrides))
+    Ok(NewestRuns { fingerprints: fps, with_overrides, unreadable: None })
 }
 
 /// `--set` entries as recorded: values of keys that look like credentials become `<redacted>`.

@@ -490,7 +490,7 @@ impl Scheduler {
         let handle_ctrl_c = self.opts.handle_ctrl_c;
         let mut ctrl_c = Box::pin(async move {
             if handle_ctrl_c {
-                let _ = tokio::signal::ctrl_c().await;
+                crate::interrupt::interrupted().await;
             } else {
                 std::future::pending::<()>().await;
             }
@@ -539,7 +539,7 @@ impl Scheduler {
         let handle_ctrl_c = self.opts.handle_ctrl_c;
         let again = async move {
             if handle_ctrl_c {
-                let _ = tokio::signal::ctrl_c().await;
+                crate::interrupt::interrupted().await;
             } else {
                 std::future::pending::<()>().await;
             }
