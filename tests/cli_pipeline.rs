@@ -319,6 +319,23 @@ fn the_json_schema_refuses_what_the_compiler_refuses_for_its_shape() {
         assert_ne!(r["errors"], serde_json::json!([]), "the schema accepts {}", r["file"]);
     }
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), shapes.len());
+    // Keys that are there but empty or null are not there, for the schema as for the compiler.
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.yaml");
+    std::fs::write(
+        &empty,
+        "name: p\nstages:\n  a: {kind: noop, stages: {}, loop: null}\n  \
+         l: {loop: {max_iterations: 2}, params: {}, inputs: {}, outputs: [], matrix: {}, every: null, stages: {b: {kind: noop}}}\n",
+    )
+    .unwrap();
+    assert!(rao(&["validate", empty.to_str().unwrap()], dir.path()).status.success());
+    let o = Command::new(&python)
+        .arg(root.join("scripts/check_schema.py"))
+        .args(["--as-is".as_ref(), root.join("schemas/pipeline.schema.json").as_os_str(), empty.as_os_str()])
+        .output()
+        .expect("python runs");
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    assert_eq!(r["errors"], serde_json::json!([]), "{r}");
 }
 
 #[test]

@@ -26,7 +26,7 @@ pub fn find_instance<'a>(rows: &'a [Row], name: &str) -> anyhow::Result<&'a Row>
 }
 
 /// The manifest of a finished instance, or an error that says how to produce it (`run`: the
-/// `rao run` command for the pipeline as given, which runs it and whatever it waits on).
+/// `rao run` command for the pipeline as given; what is cached stays so).
 pub async fn finished(store: &Store, row: &Row, run: &str) -> anyhow::Result<Manifest> {
     let fp = match (&row.state, &row.fingerprint) {
         (State::Done, Some(fp)) => fp,

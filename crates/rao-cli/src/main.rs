@@ -501,10 +501,7 @@ fn run_command(p: &PipelineArgs) -> String {
 /// `rao VERB` for the pipeline as given: the same file, `--set` values (credentials shown
 /// `<redacted>`) and `--store`, each quoted for a POSIX shell if needed.
 fn rao_command(verb: &str, p: &PipelineArgs) -> String {
-    let quoted = |s: &str| match s.chars().all(|c| c.is_ascii_alphanumeric() || "_-./=:,@+%".contains(c)) && !s.is_empty() {
-        true => s.to_string(),
-        false => format!("'{}'", s.replace('\'', r"'\''")),
-    };
+    let quoted = rao_pipeline::ray::shell_quote;
     let mut command = format!("rao {verb} {}", quoted(&p.pipeline.display().to_string()));
     for o in rao_pipeline::run_record::redact_overrides(&p.set) {
         command.push_str(&format!(" --set {}", quoted(&o)));

@@ -292,14 +292,13 @@ pub fn render_mermaid(c: &Compiled, rows: &[Row], folded: bool) -> String {
             "#e0e0e0" => "skipped",
             _ => "cached",
         };
-        format!("{}[\"{}\"]:::{class}", node_id(&g.name), group_label(g).replace("\\n", "<br/>"))
+        format!("s_{}[\"{}\"]:::{class}", node_id(&g.name), group_label(g).replace("\\n", "<br/>"))
     };
     for g in gs.iter().filter(|g| g.loop_name.is_none()) {
         s.push_str(&format!("  {}\n", node(g)));
     }
     for l in &c.loops {
-        // `loop_` + an id: a node's own ids have `_` only before `_` or the hex of a byte that
-        // is no letter or digit, so no stage can be drawn as this subgraph.
+        // Subgraphs and nodes share mermaid's ids: stages are `s_…`, loops `loop_…`.
         s.push_str(&format!("  subgraph loop_{}[\"loop {}\"]\n", node_id(&l.name), l.name));
         for g in gs.iter().filter(|g| g.loop_name.as_deref() == Some(l.name.as_str())) {
             s.push_str(&format!("    {}\n", node(g)));
@@ -307,7 +306,7 @@ pub fn render_mermaid(c: &Compiled, rows: &[Row], folded: bool) -> String {
         s.push_str("  end\n");
     }
     for (a, b) in group_edges(c, &of) {
-        s.push_str(&format!("  {} --> {}\n", node_id(&gs[a].name), node_id(&gs[b].name)));
+        s.push_str(&format!("  s_{} --> s_{}\n", node_id(&gs[a].name), node_id(&gs[b].name)));
     }
     s
 }

@@ -43,8 +43,12 @@ pub fn submission_id(fingerprint: &str, attempt: u32) -> String {
     if attempt == 0 { format!("rao-{fingerprint}") } else { format!("rao-{fingerprint}-r{attempt}") }
 }
 
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
+/// `s` as one word for a POSIX shell: as it is when it is plain, else in single quotes.
+pub fn shell_quote(s: &str) -> String {
+    match !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-./=:,@+%".contains(c)) {
+        true => s.to_string(),
+        false => format!("'{}'", s.replace('\'', r"'\''")),
+    }
 }
 
 /// Stops a submitted job if its follower is dropped before the job ends.

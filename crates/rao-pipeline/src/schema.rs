@@ -94,8 +94,18 @@ fn tighten(defs: &mut Map<String, Value>) {
     set("Duration", &["anyOf", "0"], json!({"exclusiveMinimum": 0, "maximum": crate::check::MAX_TIMEOUT_S}));
     set("Duration", &["anyOf", "1"], json!({"pattern": r"^\s*\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*(ms|s|m|h)?\s*$"}));
     // A stage has a `kind`; a loop has `loop` and a body of `stages`, and nothing a kind takes.
-    let kind_only = ["loop", "stages"].map(|k| json!({"required": [k]}));
-    let loop_only = ["kind", "params", "inputs", "outputs", "matrix", "every"].map(|k| json!({"required": [k]}));
+    // As the compiler reads them, a key that is there but empty or null is not there.
+    let given = |key: &str, nonempty: Value| json!({"required": [key], "properties": {key: nonempty}});
+    let not_null = json!({"not": {"type": "null"}});
+    let kind_only = [given("loop", not_null.clone()), given("stages", json!({"minProperties": 1}))];
+    let loop_only = [
+        given("kind", not_null.clone()),
+        given("params", json!({"minProperties": 1})),
+        given("inputs", json!({"minProperties": 1})),
+        given("outputs", json!({"minItems": 1})),
+        given("matrix", json!({"minProperties": 1})),
+        given("every", not_null),
+    ];
     set(
         "StageSpec",
         &[],

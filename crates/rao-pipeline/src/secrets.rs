@@ -39,7 +39,10 @@ pub fn sets_secret(entry: &str) -> bool {
 /// Remember the values of credential-looking `--set` entries, so that [`redact`] hides them too
 /// (a failing command's text holds them once filled in).
 pub fn remember_given(overrides: &[String]) {
-    let values = overrides.iter().filter(|o| sets_secret(o)).filter_map(|o| o.split_once('=')).map(|(_, v)| v.trim());
+    // A number or a flag under a credential-looking name (`max_session_steps=1000`) is no
+    // credential: hiding every `1000` in error text would only confuse.
+    let plain = |v: &str| v.parse::<f64>().is_ok() || matches!(v, "true" | "false" | "null");
+    let values = overrides.iter().filter(|o| sets_secret(o)).filter_map(|o| o.split_once('=')).map(|(_, v)| v.trim()).filter(|v| !plain(v));
     // As typed and without YAML quotes: the command sees the unquoted text.
     let values: Vec<String> =
         values.flat_map(|v| [v, v.trim_matches(|c| c == '\'' || c == '"')]).filter(|v| v.len() >= 4).map(str::to_string).collect();

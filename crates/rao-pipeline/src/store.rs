@@ -458,7 +458,9 @@ pub(crate) mod local {
             };
             first?;
             // The size is known now: read to the end through `Take` again (no second `fstat`).
-            buf.reserve(usize::try_from(size).unwrap_or(0).saturating_sub(buf.len()));
+            // A sparse file may claim far more than memory holds: an error, not an abort.
+            buf.try_reserve(usize::try_from(size).unwrap_or(usize::MAX).saturating_sub(buf.len()))
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::OutOfMemory, format!("{size} bytes: {e}")))?;
             (&mut file).take(u64::MAX).read_to_end(&mut buf)?;
             Ok(buf)
         }

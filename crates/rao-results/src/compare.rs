@@ -46,11 +46,11 @@ impl Metric {
             Metric::SecondsPerTask => "seconds_per_task",
         }
     }
-    /// The range every value lies in: counts, sizes and times are never negative, and rates
-    /// never above 1 (an interval over seeds is clipped to it).
+    /// The range every value lies in: counts, sizes and times are never negative, rates and
+    /// scores (partial credit) never above 1 (an interval over seeds is clipped to it).
     pub fn range(self) -> (f64, f64) {
         match self {
-            Metric::Success | Metric::OverflowRate => (0.0, 1.0),
+            Metric::Success | Metric::MeanScore | Metric::OverflowRate => (0.0, 1.0),
             _ => (0.0, f64::INFINITY),
         }
     }
