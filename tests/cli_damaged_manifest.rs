@@ -55,6 +55,23 @@ fn a_run_sets_a_folder_in_place_of_a_manifest_aside_and_recomputes_only_that_ins
     assert!(v.status.success() && text(&v).contains("0 damaged"), "{}", text(&v));
 }
 
+/// One level up: a file where the object's folder should be.
+#[test]
+fn a_run_replaces_a_file_in_place_of_an_object_folder_and_recomputes_only_that_instance() {
+    let dir = chain_done();
+    let b = fingerprint(dir.path(), "b");
+    let object = object_dir(dir.path(), &b);
+    std::fs::remove_dir_all(&object).unwrap();
+    std::fs::write(&object, b"not a folder").unwrap();
+
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(runs(dir.path()), [1, 2, 1], "b recomputed in the same run, nothing else: {}", text(&o));
+    assert!(object.join("MANIFEST.json").is_file(), "b's object is a folder again");
+    let v = rao(&["verify", "p.yaml"], dir.path());
+    assert!(v.status.success() && text(&v).contains("0 damaged"), "{}", text(&v));
+}
+
 #[test]
 fn verify_reports_a_folder_in_place_of_a_manifest_and_repair_removes_only_that_folder() {
     let dir = chain_done();

@@ -130,7 +130,12 @@ const NOT_A_FILE: &str = "MANIFEST.json is not a regular file (a folder, a pipe 
 /// damage (what was found) from a store that failed to answer (any other error, a bucket's
 /// included): a path that cannot even be looked at is the latter.
 pub fn is_not_a_file(store: &Store, key: &str) -> bool {
-    store.local_path(key).and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| !m.is_file())
+    match store.local_path(key).map(std::fs::metadata) {
+        Some(Ok(m)) => !m.is_file(),
+        // A file where one of its folders should be (`objects/ab/<fp>` itself a file).
+        Some(Err(e)) => e.kind() == std::io::ErrorKind::NotADirectory,
+        None => false,
+    }
 }
 
 pub fn parse(fp: &str, bytes: bytes::Bytes) -> ManifestState {
@@ -220,7 +225,18 @@ pub async fn delete(store: &Store, fp: &str) -> StoreResult<()> {
     // `store.delete` removes one object: a folder at a key's place holds other keys, so it is
     // removed here, for the manifest's path alone, rather than by every delete. A fingerprint
     // read from a listing is one plain name: the path stays inside the object's folder.
-    let folder = store.local_path(&key).filter(|_| !fp.is_empty() && !fp.contains(['/', '\\']) && fp != "." && fp != "..");
+    let plain = !fp.is_empty() && !fp.contains(['/', '\\']) && fp != "." && fp != "..";
+    // Something other than a folder where the object's folder should be: that is what goes.
+    let object = store.local_path(&layout::object_dir(fp)).filter(|_| plain);
+    if let Some(path) = object.filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_dir())) {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(StoreError::Object { key, message: format!("{}: {e}", path.display()) })
+            }
+            _ => Ok(()),
+        };
+    }
+    let folder = store.local_path(&key).filter(|_| plain);
     if let Some(path) = folder.filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())) {
         return match std::fs::remove_dir_all(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
