@@ -106,20 +106,16 @@ pub async fn verify(store: &Store, repair: bool) -> StoreResult<VerifyReport> {
                         report.bytes += f.size;
                         // Only what was read (or found missing) is damage: a store that fails
                         // to answer stops the check instead of condemning what it could not read.
-                        let key = m.file_key(output, &f.path);
-                        let why = match store.get_opt(&key).await {
-                            Ok(Some(b)) if b.len() as u64 != f.size => {
-                                Some(format!("{output}/{}: {} bytes, manifest says {}", f.path, b.len(), f.size))
+                        let why = match stored(store, &m.file_key(output, &f.path)).await? {
+                            Stored::Found(size, _) if size != f.size => {
+                                Some(format!("{output}/{}: {size} bytes, manifest says {}", f.path, f.size))
                             }
-                            Ok(Some(b)) if blake3::hash(&b).to_hex().as_str() != f.blake3 => {
+                            Stored::Found(_, hash) if hash.to_hex().as_str() != f.blake3 => {
                                 Some(format!("{output}/{}: content hash differs", f.path))
                             }
-                            Ok(Some(_)) => None,
-                            Ok(None) => Some(format!("{output}/{}: missing", f.path)),
-                            // A folder, a FIFO or a device where the file was is what was found,
-                            // not a store that failed to answer.
-                            Err(_) if manifest::is_not_a_file(store, &key) => Some(format!("{output}/{}: not a regular file", f.path)),
-                            Err(e) => return Err(e),
+                            Stored::Found(..) => None,
+                            Stored::Missing => Some(format!("{output}/{}: missing", f.path)),
+                            Stored::NotAFile => Some(format!("{output}/{}: not a regular file", f.path)),
                         };
                         if why.is_some() {
                             problem = why;
@@ -141,6 +137,43 @@ pub async fn verify(store: &Store, repair: bool) -> StoreResult<VerifyReport> {
         }
     }
     Ok(report)
+}
+
+/// What `verify` finds at a file's key.
+enum Stored {
+    Found(u64, blake3::Hash),
+    Missing,
+    /// A folder, a FIFO or a device where the file was (local stores): what was found, not a
+    /// store that failed to answer.
+    NotAFile,
+}
+
+/// The size and hash of the file at `key`: streamed from a local store (a checkpoint need not
+/// fit in memory), read whole from a bucket. A store that fails to answer is an error.
+async fn stored(store: &Store, key: &str) -> StoreResult<Stored> {
+    let Some(path) = store.local_path(key) else {
+        return Ok(match store.get_opt(key).await? {
+            Some(b) => Stored::Found(b.len() as u64, blake3::hash(&b)),
+            None => Stored::Missing,
+        });
+    };
+    let failed = |e: std::io::Error| crate::store::StoreError::Object { key: key.to_string(), message: format!("{}: {e}", path.display()) };
+    match std::fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Stored::Missing),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Ok(Stored::NotAFile),
+        Err(e) => Err(failed(e)),
+        Ok(meta) if !meta.is_file() => Ok(Stored::NotAFile),
+        Ok(_) => {
+            let mut open = std::fs::OpenOptions::new();
+            open.read(true);
+            // Should it have become a FIFO since: opening it does not wait for a writer.
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::custom_flags(&mut open, libc::O_NONBLOCK);
+            let mut hasher = blake3::Hasher::new();
+            hasher.update_reader(open.open(&path).map_err(failed)?).map_err(failed)?;
+            Ok(Stored::Found(hasher.count(), hasher.finalize()))
+        }
+    }
 }
 
 /// Which attempt of an object its manifest names.
