@@ -171,6 +171,30 @@ fn process_executor_gives_the_same_artifacts_as_in_process() {
     assert_eq!(files("s1").len(), 3);
 }
 
+/// A credential given with `--set` reaches the stage that `rao exec` runs, but not that process's
+/// command line (which every user of the machine can read).
+#[cfg(target_os = "linux")]
+#[test]
+fn the_process_executor_keeps_a_set_credential_off_command_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        "name: p\nparams: {api_token: none}\nstages:\n  \
+         a: {kind: shell, params: {command: 'tr \"\\\\0\" \" \" < /proc/$PPID/cmdline > ${outputs.o}/cmdline; echo ${params.api_token} > ${outputs.o}/token'}, outputs: [o]}\n",
+    )
+    .unwrap();
+    let o = rao(&["run", "p.yaml", "--executor", "process", "--set", "params.api_token=tok-on-the-command-line"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = std::fs::read_dir(dir.path().join(".rao/store/objects")).unwrap().flatten().flat_map(|shard| {
+        std::fs::read_dir(shard.path()).unwrap().flatten().flat_map(|obj| std::fs::read_dir(obj.path()).unwrap().flatten())
+    });
+    let attempt = out.map(|e| e.path()).find(|p| p.join("o/cmdline").is_file()).expect("a's output");
+    let cmdline = std::fs::read_to_string(attempt.join("o/cmdline")).unwrap();
+    assert!(cmdline.contains(" exec ") && cmdline.contains("--run-id"), "the stage's parent is `rao exec`: {cmdline}");
+    assert!(!cmdline.contains("tok-on-the-command-line"), "{cmdline}");
+    assert_eq!(std::fs::read_to_string(attempt.join("o/token")).unwrap(), "tok-on-the-command-line\n");
+}
+
 /// `rao report FILE --set …` shows the evaluations of the file as given (found by fingerprint),
 /// not whichever run wrote `latest` last; `--run latest` still shows the last run's record.
 #[test]

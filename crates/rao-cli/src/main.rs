@@ -624,7 +624,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 _ => ExitCode::FAILURE,
             });
         }
-        Command::Exec { p, instance, quiet, json, run_id } => {
+        Command::Exec { mut p, instance, quiet, json, run_id } => {
+            // Overrides with a credential among them come by the environment (`exec_env`).
+            if let Ok(sets) = std::env::var(rao_pipeline::exec::SET_VAR) {
+                p.set.extend(sets.lines().map(str::to_string));
+            }
             let (c, store) = load(&p, &registry)?;
             let reporter = if json {
                 Reporter::json()

@@ -320,10 +320,26 @@ pub fn exec_args(c: &Compiled, instance: &str, store: &Store, run_id: &str, outp
     };
     let mut args = vec!["exec".to_string(), file.display().to_string(), instance.to_string(), "--store".into(), store, flag.into()];
     args.extend(["--run-id".to_string(), run_id.to_string()]);
-    for o in &c.overrides {
-        args.extend(["--set".to_string(), o.clone()]);
+    // With a credential among them, the overrides go by the environment ([`exec_env`]): a
+    // command line is readable by every user of the machine (`ps`).
+    if !c.overrides.iter().any(|o| crate::secrets::sets_secret(o)) {
+        for o in &c.overrides {
+            args.extend(["--set".to_string(), o.clone()]);
+        }
     }
     args
+}
+
+/// The variable `rao exec` reads `--set` entries from, one per line, after its own.
+pub const SET_VAR: &str = "RAO_EXEC_SET";
+
+/// The environment `rao exec` needs besides [`exec_args`]: the overrides, when one of them is a
+/// credential.
+pub fn exec_env(c: &Compiled) -> Vec<(String, String)> {
+    match c.overrides.iter().any(|o| crate::secrets::sets_secret(o)) {
+        true => vec![(SET_VAR.to_string(), c.overrides.join("\n"))],
+        false => Vec::new(),
+    }
 }
 
 /// `rao exec`: run one instance by name, reading everything it needs from the store.

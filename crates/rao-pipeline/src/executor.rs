@@ -84,6 +84,7 @@ impl Executor for LocalProcess {
             reporter.emit(Event::Started { instance: inst.name.clone(), fingerprint: job.fingerprint.clone(), attempt: 1 });
             let mut child = tokio::process::Command::new(&exe)
                 .args(exec::exec_args(&c, &inst.name, &store, &job.run_id, exec::ExecOutput::JsonEvents))
+                .envs(exec::exec_env(&c))
                 .kill_on_drop(true)
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::piped())

@@ -94,13 +94,17 @@ impl Ray {
         let inst = &c.instances[job.instance];
         let cmd = [vec![self.exe.display().to_string()], exec_args(c, &inst.name, &self.store, &job.run_id, ExecOutput::Quiet)].concat();
         let entrypoint = cmd.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ");
-        let body = json!({
+        let mut body = json!({
             "entrypoint": entrypoint,
             "submission_id": id,
             "entrypoint_num_cpus": inst.resources.cpu.unwrap_or(1),
             "entrypoint_num_gpus": inst.resources.gpu,
             "metadata": {"rao_pipeline": c.name, "rao_instance": inst.name, "rao_fingerprint": job.fingerprint},
         });
+        let env: serde_json::Map<String, Value> = crate::exec::exec_env(c).into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+        if !env.is_empty() {
+            body["runtime_env"] = json!({"env_vars": env});
+        }
         // A head that just started answers "no available agent … try again later" for a while.
         let t0 = std::time::Instant::now();
         loop {
