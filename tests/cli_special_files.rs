@@ -191,7 +191,7 @@ fn a_timed_out_shell_stage_takes_the_processes_it_started_with_it() {
 #[test]
 fn ctrl_c_sigterm_and_sighup_take_the_processes_a_shell_stage_started_with_it() {
     let dir = tempfile::tempdir().unwrap();
-    // A stage runs in a session of its own, out of the terminal's reach: rao passes each on.
+    // A stage runs in a process group of its own, out of the terminal's reach: rao passes each on.
     for (executor, signal) in
         [("in-process", libc::SIGINT), ("process", libc::SIGINT), ("in-process", libc::SIGTERM), ("process", libc::SIGHUP)]
     {

@@ -1,5 +1,5 @@
-//! What stops a run: Ctrl-C, and — because each shell stage runs in a session of its own, out of
-//! reach of the terminal's signals — the terminal closing (SIGHUP) and `kill` (SIGTERM) too. Each
+//! What stops a run: Ctrl-C, and — because each shell stage runs in a process group of its own,
+//! out of reach of the terminal's signals — the terminal closing (SIGHUP) and `kill` (SIGTERM) too. Each
 //! is handled as Ctrl-C is: running stages are cancelled (their process groups killed) and the
 //! run is recorded as cancelled.
 
