@@ -9,9 +9,18 @@ pub fn hash_regular(path: &Path) -> Result<(u64, blake3::Hash), String> {
     if !meta.is_file() {
         return Err("is not a regular file (a folder, a pipe or a device)".into());
     }
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
+    hash_file(path).map_err(|e| format!("cannot be read: {e}"))
+}
+
+/// Size and blake3 of the file at `path`, read as a stream (it need not fit in memory). Opened
+/// without waiting: should it have become a FIFO since it was looked at, no writer is awaited.
+pub fn hash_file(path: &Path) -> std::io::Result<(u64, blake3::Hash)> {
+    let mut open = std::fs::OpenOptions::new();
+    open.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut open, libc::O_NONBLOCK);
     let mut h = blake3::Hasher::new();
-    h.update_reader(file).map_err(|e| format!("cannot be read: {e}"))?;
+    h.update_reader(open.open(path)?)?;
     Ok((h.count(), h.finalize()))
 }
 

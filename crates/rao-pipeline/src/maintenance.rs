@@ -163,16 +163,7 @@ async fn stored(store: &Store, key: &str) -> StoreResult<Stored> {
         Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Ok(Stored::NotAFile),
         Err(e) => Err(failed(e)),
         Ok(meta) if !meta.is_file() => Ok(Stored::NotAFile),
-        Ok(_) => {
-            let mut open = std::fs::OpenOptions::new();
-            open.read(true);
-            // Should it have become a FIFO since: opening it does not wait for a writer.
-            #[cfg(unix)]
-            std::os::unix::fs::OpenOptionsExt::custom_flags(&mut open, libc::O_NONBLOCK);
-            let mut hasher = blake3::Hasher::new();
-            hasher.update_reader(open.open(&path).map_err(failed)?).map_err(failed)?;
-            Ok(Stored::Found(hasher.count(), hasher.finalize()))
-        }
+        Ok(_) => crate::local_file::hash_file(&path).map(|(size, hash)| Stored::Found(size, hash)).map_err(failed),
     }
 }
 
