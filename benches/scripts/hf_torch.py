@@ -250,6 +250,8 @@ def flops(rec, n, n_lora):
 
 
 def table(args):
+    """One row per measurement; a column for each rao run (backend and dtype, in the order they
+    ran) and each PyTorch dtype. Each rao column is divided by PyTorch at the same dtype."""
     load = lambda path: [json.loads(line) for line in open(path) if line.strip().startswith("{")]
     rao, torch_recs = load(args.rao), load(args.torch)
     with open(os.path.join(args.model, "config.json")) as f:
@@ -259,44 +261,52 @@ def table(args):
     rank = next((r["lora_rank"] for r in rao if r.get("measure") == "lora_step" and r.get("lora_rank")), 16)
     n, n_lora = matmul_parameters(cfg), lora_parameters(cfg, rank)
     peaks = {r["dtype"]: r["flops_per_s"] for r in torch_recs if r.get("measure") == "peak"}
-    # The GPU's bf16 peak is the one that matters there; the CPU's is f32 (rao computes in f32).
+    # The GPU's bf16 peak is the one that matters there; the CPU's is f32.
     peak_dtype = "bf16" if "bf16" in peaks else "f32"
     peak = peaks.get(peak_dtype)
     dtypes = [d for d in ("bf16", "f32") if any(t.get("dtype") == d and t.get("measure") in label for t in torch_recs)]
-    backend = next((r["backend"] for r in rao if "backend" in r), "?")
+    variant = lambda r: (r.get("backend", "?"), r.get("dtype", "f32"))
+    variants = []
+    for r in rao:
+        if r.get("measure") in label and variant(r) not in variants:
+            variants.append(variant(r))
     key = lambda r: (r.get("measure"), r.get("batch"))
     rows = [r for r in rao if r.get("measure") in label and "error" not in r]
     errors = [r for r in rao if "error" in r]
     fmt = lambda x: "—" if x is None else f"{x:,.0f}"
     ratio = lambda a, b: "—" if a is None or b is None else f"{a / b:.2f}×"
-    frac = lambda r: "—" if r is None or not peak else f"{flops(r, n, n_lora) / r['seconds'] / peak:.0%}"
+    frac = lambda r: "—" if r is None or not peak else f"{flops(r, n, n_lora) / r['seconds'] / peak:.1%}"
     tps = lambda x: None if x is None else x["tokens_per_s"]
+    name = lambda v: f"rao {v[0]} {v[1]}"
+    # Each rao run against PyTorch at its own dtype (else the first PyTorch dtype measured).
+    against = {v: (v[1] if v[1] in dtypes else (dtypes[0] if dtypes else None)) for v in variants}
     out = [f"matmul parameters N = {n:,}, LoRA parameters (rank {rank}) = {n_lora:,}; measured matmul peaks: "
            + ", ".join(f"{d} {p / 1e9:,.0f} GFLOP/s" for d, p in peaks.items()), "",
-           "| measurement | shape | rao " + backend + " tok/s | " + " | ".join(f"torch {d} tok/s" for d in dtypes) + " | "
-           + " | ".join(f"rao ÷ torch {d}" for d in dtypes) + f" | fraction of the {peak_dtype} peak: rao / "
-           + " / ".join(f"torch {d}" for d in dtypes) + " |",
-           "|---|---|" + "---:|" * (1 + 2 * len(dtypes)) + "---|"]
+           "| measurement | shape | " + " | ".join(f"{name(v)} tok/s" for v in variants)
+           + "".join(f" | torch {d} tok/s" for d in dtypes)
+           + "".join(f" | {name(v)} ÷ torch {against[v]}" for v in variants if against[v])
+           + f" | fraction of the {peak_dtype} peak: " + " / ".join([name(v) for v in variants] + [f"torch {d}" for d in dtypes]) + " |",
+           "|---|---|" + "---:|" * (len(variants) + len(dtypes) + sum(1 for v in variants if against[v])) + "---|"]
     keys = []
     for r in rows + [t for t in torch_recs if t.get("measure") in label]:
         if key(r) not in keys:
             keys.append(key(r))
     for k in keys:
-        r = next((x for x in rows if key(x) == k), None)
+        r = {v: next((x for x in rows if key(x) == k and variant(x) == v), None) for v in variants}
         t = {d: next((x for x in torch_recs if key(x) == k and x.get("dtype") == d and "error" not in x), None) for d in dtypes}
-        any_rec = r or next(x for x in t.values() if x)
+        any_rec = next(x for x in list(r.values()) + list(t.values()) if x)
         shape = f"{any_rec['prompt']} prompt + {any_rec['new_tokens']} new tokens"
-        out.append(f"| {label[k[0]].format(b=k[1])} | {shape} | {fmt(tps(r))} | "
-                   + " | ".join(fmt(tps(t[d])) for d in dtypes) + " | "
-                   + " | ".join(ratio(tps(r), tps(t[d])) for d in dtypes) + f" | {frac(r)} / "
-                   + " / ".join(frac(t[d]) for d in dtypes) + " |")
+        out.append(f"| {label[k[0]].format(b=k[1])} | {shape} | " + " | ".join(fmt(tps(r[v])) for v in variants)
+                   + "".join(f" | {fmt(tps(t[d]))}" for d in dtypes)
+                   + "".join(f" | {ratio(tps(r[v]), tps(t[against[v]]))}" for v in variants if against[v])
+                   + " | " + " / ".join([frac(r[v]) for v in variants] + [frac(t[d]) for d in dtypes]) + " |")
     for r in rows:
         if r["measure"] in ("full_step", "lora_step") and "checkpoint_param_bytes" in r:
-            out.append(f"\nrao's checkpoint after the {label[r['measure']].split(',')[0]}: {r['trainable_parameters']:,} trained "
+            out.append(f"\n{name(variant(r))}'s checkpoint after the {label[r['measure']].split(',')[0]}: {r['trainable_parameters']:,} trained "
                        f"parameters, {r['checkpoint_param_bytes'] / 1e6:,.1f} MB of them + {r['checkpoint_optimizer_bytes'] / 1e6:,.1f} MB "
                        "of optimiser state")
     for e in errors:
-        out.append(f"\nrao {e['measure']} failed: {e['error']}")
+        out.append(f"\n{name(variant(e))} {e['measure']} failed: {e['error']}")
     text = "\n".join(out)
     print(text)
     if args.out:

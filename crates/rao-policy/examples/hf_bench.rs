@@ -8,8 +8,13 @@
 //! then timed; each timed call ends with results read back to the host, which waits for the
 //! device. A measurement that fails prints an `error` line and the others still run.
 //!
+//! `--dtype bf16` (or f16) makes that the device's float type before the model loads, so weights,
+//! activations, adapters and gradients are held in it (AdamW's state stays f32 on the host); the
+//! CPU's fused kernels serve f32 only. `benches/vulkan` builds this same file with Vulkan adapters
+//! compiled to SPIR-V rather than WGSL.
+//!
 //! ```text
-//! hf_bench MODEL_DIR [--backend wgpu|cpu] [--prompt 64] [--new 128] [--batches 1,64]
+//! hf_bench MODEL_DIR [--backend wgpu|cpu] [--dtype f32|bf16|f16] [--prompt 64] [--new 128] [--batches 1,64]
 //!           [--train-batch 8] [--train-steps 3] [--greedy-batch 64] [--updates lora|full,lora|none]
 //!           [--lora-rank 16]
 //! ```
@@ -18,6 +23,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::time::Instant;
 
+use burn::tensor::{Device, FloatDType};
 use rao_envs::grammar::AnyToken;
 use rao_envs::rng::Rng;
 use rao_envs::vocab::Tok;
@@ -28,6 +34,7 @@ use serde_json::json;
 struct Args {
     model: PathBuf,
     backend: Backend,
+    dtype: FloatDType,
     prompt: usize,
     new_tokens: usize,
     batches: Vec<usize>,
@@ -46,13 +53,14 @@ enum Update {
     Lora,
 }
 
-const USAGE: &str = "usage: hf_bench MODEL_DIR [--backend wgpu|cpu] [--prompt N] [--new N] [--batches N,N,..] [--train-batch N] [--train-steps N] [--greedy-batch N|none] [--updates full,lora|lora|none] [--lora-rank N]";
+const USAGE: &str = "usage: hf_bench MODEL_DIR [--backend wgpu|cpu] [--dtype f32|bf16|f16] [--prompt N] [--new N] [--batches N,N,..] [--train-batch N] [--train-steps N] [--greedy-batch N|none] [--updates full,lora|lora|none] [--lora-rank N]";
 
 fn parse_args() -> anyhow::Result<Args> {
     let mut it = std::env::args().skip(1);
     let mut args = Args {
         model: PathBuf::new(),
         backend: Backend::Wgpu,
+        dtype: FloatDType::F32,
         prompt: 64,
         new_tokens: 128,
         batches: vec![1, 64],
@@ -72,6 +80,14 @@ fn parse_args() -> anyhow::Result<Args> {
                     "wgpu" => Backend::Wgpu,
                     "cpu" => Backend::Cpu,
                     other => anyhow::bail!("--backend: `{other}` is neither wgpu nor cpu"),
+                }
+            }
+            "--dtype" => {
+                args.dtype = match value()?.as_str() {
+                    "f32" => FloatDType::F32,
+                    "bf16" => FloatDType::BF16,
+                    "f16" => FloatDType::F16,
+                    other => anyhow::bail!("--dtype: `{other}` is none of f32, bf16, f16"),
                 }
             }
             "--prompt" => args.prompt = number(value()?)?,
@@ -172,7 +188,7 @@ fn generate(policy: &Policy, args: &Args, batch: usize, temperature: f64, backen
     let tokens: usize = out.iter().map(|(t, _)| t.len()).sum();
     json!({
         "measure": if temperature > 0.0 { "generate" } else { "generate_greedy" },
-        "backend": backend, "batch": batch, "prompt": args.prompt, "new_tokens": args.new_tokens,
+        "backend": backend, "dtype": dtype_name(args.dtype), "batch": batch, "prompt": args.prompt, "new_tokens": args.new_tokens,
         "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens as f64 / seconds, "warmup_s": warmup_s,
     })
 }
@@ -224,7 +240,7 @@ fn update_step(policy: &mut Policy, args: &Args, update: Update, backend: &str) 
     let checkpoint = policy.checkpoint();
     let trainable: usize = checkpoint.meta.param_sizes.iter().sum();
     json!({
-        "measure": if update == Update::Lora { "lora_step" } else { "full_step" }, "backend": backend,
+        "measure": if update == Update::Lora { "lora_step" } else { "full_step" }, "backend": backend, "dtype": dtype_name(args.dtype),
         "batch": args.train_batch, "prompt": args.prompt, "new_tokens": args.new_tokens, "steps": args.train_steps,
         "trained_tokens": trained, "positions": positions, "seconds": seconds, "seconds_per_step": seconds / args.train_steps as f64,
         "tokens_per_s": trained as f64 / seconds, "positions_per_s": positions as f64 / seconds,
@@ -233,19 +249,61 @@ fn update_step(policy: &mut Policy, args: &Args, update: Update, backend: &str) 
     })
 }
 
+fn dtype_name(dtype: FloatDType) -> &'static str {
+    match dtype {
+        FloatDType::BF16 => "bf16",
+        FloatDType::F16 => "f16",
+        _ => "f32",
+    }
+}
+
+/// The device `--backend` names, with `--dtype` as its float type.
+fn open_device(args: &Args) -> anyhow::Result<Device> {
+    let mut device = rao_policy::policy::device(args.backend)?;
+    if args.dtype != FloatDType::F32 {
+        anyhow::ensure!(
+            args.backend != Backend::Cpu || !rao_policy::kernels::enabled(),
+            "--dtype {} on the CPU needs RAO_FUSED_KERNELS=0 (the fused kernels serve f32 only)",
+            dtype_name(args.dtype)
+        );
+        device.configure(args.dtype).map_err(|e| anyhow::anyhow!("--dtype {} on {:?}: {e}", dtype_name(args.dtype), args.backend))?;
+    }
+    Ok(device)
+}
+
+/// Loads the checkpoint onto `device`: read as f32 on the CPU (tokenizer, stop tokens, shapes),
+/// then its parameter values placed on the device, in the device's float type.
+fn load_on(args: &Args, device: Device) -> anyhow::Result<hf::Pretrained> {
+    let mut pretrained = hf::load(&args.model, Backend::Cpu)?;
+    if args.backend != Backend::Cpu {
+        let policy = &mut pretrained.policy;
+        let values = rao_policy::params::read_params(&policy.model);
+        policy.model = rao_policy::model::model_from_values(&policy.cfg, &device.clone().autodiff(), values)?;
+        policy.device = device;
+    }
+    Ok(pretrained)
+}
+
+#[allow(dead_code)] // benches/vulkan includes this file as a module and calls `run` itself.
 fn main() -> anyhow::Result<()> {
+    run("wgpu")
+}
+
+/// `wgpu_name`: what the records call the wgpu backend (which shader compiler the build has).
+pub fn run(wgpu_name: &str) -> anyhow::Result<()> {
     rao_policy::tune_allocator();
     let args = parse_args()?;
+    let t0 = Instant::now();
+    let device = open_device(&args)?;
+    let pretrained = load_on(&args, device).map_err(|e| anyhow::anyhow!("loading {}: {e:#}", args.model.display()))?;
+    let mut policy = pretrained.policy;
     let backend = match args.backend {
-        Backend::Wgpu => "wgpu",
+        Backend::Wgpu => wgpu_name,
         Backend::Cpu => "cpu",
     };
-    let t0 = Instant::now();
-    let pretrained = hf::load(&args.model, args.backend).map_err(|e| anyhow::anyhow!("loading {}: {e:#}", args.model.display()))?;
-    let mut policy = pretrained.policy;
     emit(json!({
-        "measure": "load", "backend": backend, "family": pretrained.family.model_type(), "seconds": t0.elapsed().as_secs_f64(),
-        "vocab": policy.cfg.vocab, "d_model": policy.cfg.d_model, "n_layers": policy.cfg.n_layers,
+        "measure": "load", "backend": backend, "dtype": dtype_name(args.dtype), "family": pretrained.family.model_type(),
+        "seconds": t0.elapsed().as_secs_f64(), "vocab": policy.cfg.vocab, "d_model": policy.cfg.d_model, "n_layers": policy.cfg.n_layers,
     }));
     for &batch in &args.batches {
         measure("generate", || generate(&policy, &args, batch, 1.0, backend));
