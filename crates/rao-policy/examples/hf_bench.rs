@@ -23,7 +23,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use burn::tensor::{Device, FloatDType};
+use burn::tensor::FloatDType;
 use rao_envs::grammar::AnyToken;
 use rao_envs::rng::Rng;
 use rao_envs::vocab::Tok;
@@ -257,31 +257,20 @@ fn dtype_name(dtype: FloatDType) -> &'static str {
     }
 }
 
-/// The device `--backend` names, with `--dtype` as its float type.
-fn open_device(args: &Args) -> anyhow::Result<Device> {
-    let mut device = rao_policy::policy::device(args.backend)?;
-    if args.dtype != FloatDType::F32 {
-        anyhow::ensure!(
-            args.backend != Backend::Cpu || !rao_policy::kernels::enabled(),
-            "--dtype {} on the CPU needs RAO_FUSED_KERNELS=0 (the fused kernels serve f32 only)",
-            dtype_name(args.dtype)
-        );
-        device.configure(args.dtype).map_err(|e| anyhow::anyhow!("--dtype {} on {:?}: {e}", dtype_name(args.dtype), args.backend))?;
+/// Makes `--dtype` the float type of `--backend`'s device, before any tensor exists there: the
+/// checkpoint then loads in it (tensor creation casts to the device's default).
+fn set_float_type(args: &Args) -> anyhow::Result<()> {
+    if args.dtype == FloatDType::F32 {
+        return Ok(());
     }
-    Ok(device)
-}
-
-/// Loads the checkpoint onto `device`: read as f32 on the CPU (tokenizer, stop tokens, shapes),
-/// then its parameter values placed on the device, in the device's float type.
-fn load_on(args: &Args, device: Device) -> anyhow::Result<hf::Pretrained> {
-    let mut pretrained = hf::load(&args.model, Backend::Cpu)?;
-    if args.backend != Backend::Cpu {
-        let policy = &mut pretrained.policy;
-        let values = rao_policy::params::read_params(&policy.model);
-        policy.model = rao_policy::model::model_from_values(&policy.cfg, &device.clone().autodiff(), values)?;
-        policy.device = device;
-    }
-    Ok(pretrained)
+    anyhow::ensure!(
+        args.backend != Backend::Cpu || !rao_policy::kernels::enabled(),
+        "--dtype {} on the CPU needs RAO_FUSED_KERNELS=0 (the fused kernels serve f32 only)",
+        dtype_name(args.dtype)
+    );
+    rao_policy::policy::device(args.backend)?
+        .configure(args.dtype)
+        .map_err(|e| anyhow::anyhow!("--dtype {} on {:?}: {e}", dtype_name(args.dtype), args.backend))
 }
 
 #[allow(dead_code)] // benches/vulkan includes this file as a module and calls `run` itself.
@@ -294,8 +283,8 @@ pub fn run(wgpu_name: &str) -> anyhow::Result<()> {
     rao_policy::tune_allocator();
     let args = parse_args()?;
     let t0 = Instant::now();
-    let device = open_device(&args)?;
-    let pretrained = load_on(&args, device).map_err(|e| anyhow::anyhow!("loading {}: {e:#}", args.model.display()))?;
+    set_float_type(&args)?;
+    let pretrained = hf::load(&args.model, args.backend).map_err(|e| anyhow::anyhow!("loading {}: {e:#}", args.model.display()))?;
     let mut policy = pretrained.policy;
     let backend = match args.backend {
         Backend::Wgpu => wgpu_name,
