@@ -280,13 +280,14 @@ def table(args):
     name = lambda v: f"rao {v[0]} {v[1]}"
     # Each rao run against PyTorch at its own dtype (else the first PyTorch dtype measured).
     against = {v: (v[1] if v[1] in dtypes else (dtypes[0] if dtypes else None)) for v in variants}
+    compared = [v for v in variants if against[v]]
+    header = (["measurement", "shape"] + [f"{name(v)} tok/s" for v in variants] + [f"torch {d} tok/s" for d in dtypes]
+              + [f"{name(v)} ÷ torch {against[v]}" for v in compared]
+              + [f"fraction of the {peak_dtype} peak: " + " / ".join([name(v) for v in variants] + [f"torch {d}" for d in dtypes])])
+    line = lambda cells: "| " + " | ".join(cells) + " |"
     out = [f"matmul parameters N = {n:,}, LoRA parameters (rank {rank}) = {n_lora:,}; measured matmul peaks: "
            + ", ".join(f"{d} {p / 1e9:,.0f} GFLOP/s" for d, p in peaks.items()), "",
-           "| measurement | shape | " + " | ".join(f"{name(v)} tok/s" for v in variants)
-           + "".join(f" | torch {d} tok/s" for d in dtypes)
-           + "".join(f" | {name(v)} ÷ torch {against[v]}" for v in variants if against[v])
-           + f" | fraction of the {peak_dtype} peak: " + " / ".join([name(v) for v in variants] + [f"torch {d}" for d in dtypes]) + " |",
-           "|---|---|" + "---:|" * (len(variants) + len(dtypes) + sum(1 for v in variants if against[v])) + "---|"]
+           line(header), line(["---", "---"] + ["---:"] * (len(header) - 3) + ["---"])]
     keys = []
     for r in rows + [t for t in torch_recs if t.get("measure") in label]:
         if key(r) not in keys:
@@ -296,10 +297,9 @@ def table(args):
         t = {d: next((x for x in torch_recs if key(x) == k and x.get("dtype") == d and "error" not in x), None) for d in dtypes}
         any_rec = next(x for x in list(r.values()) + list(t.values()) if x)
         shape = f"{any_rec['prompt']} prompt + {any_rec['new_tokens']} new tokens"
-        out.append(f"| {label[k[0]].format(b=k[1])} | {shape} | " + " | ".join(fmt(tps(r[v])) for v in variants)
-                   + "".join(f" | {fmt(tps(t[d]))}" for d in dtypes)
-                   + "".join(f" | {ratio(tps(r[v]), tps(t[against[v]]))}" for v in variants if against[v])
-                   + " | " + " / ".join([frac(r[v]) for v in variants] + [frac(t[d]) for d in dtypes]) + " |")
+        out.append(line([label[k[0]].format(b=k[1]), shape] + [fmt(tps(r[v])) for v in variants] + [fmt(tps(t[d])) for d in dtypes]
+                        + [ratio(tps(r[v]), tps(t[against[v]])) for v in compared]
+                        + [" / ".join([frac(r[v]) for v in variants] + [frac(t[d]) for d in dtypes])]))
     for r in rows:
         if r["measure"] in ("full_step", "lora_step") and "checkpoint_param_bytes" in r:
             out.append(f"\n{name(variant(r))}'s checkpoint after the {label[r['measure']].split(',')[0]}: {r['trainable_parameters']:,} trained "
