@@ -56,6 +56,22 @@ impl Drop for Server {
     }
 }
 
+/// One HTTP/1.1 request over a plain socket: (status code, body).
+fn post_raw(addr: &str, path: &str, content_type: &str, body: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let status = answer.split_whitespace().nth(1).unwrap_or("").to_string();
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -107,6 +123,15 @@ fn an_evaluation_through_rao_serve_equals_the_in_process_one() {
     while std::net::TcpStream::connect(&addr).is_err() {
         assert!(t0.elapsed() < Duration::from_secs(60), "rao serve did not listen on {addr}");
         std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A body that is not JSON, or not declared as JSON, is refused with a JSON error too.
+    for (content_type, body, status) in [("application/json", "{\"messages\": [", "400"), ("text/plain", "{}", "415")] {
+        let (code, answer) = post_raw(&addr, "/v1/chat/completions", content_type, body);
+        assert_eq!(code, status, "{answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("not JSON ({e}): {answer}"));
+        assert_eq!(answer["error"]["type"], "invalid_request_error", "{answer}");
+        assert!(!answer["error"]["message"].as_str().unwrap_or("").is_empty(), "{answer}");
     }
 
     // The same file plus an evaluation whose policy is the server.

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -310,14 +311,17 @@ pub async fn serve(listener: tokio::net::TcpListener, served: Arc<Served>) -> st
     axum::serve(listener, app).await
 }
 
-async fn chat(State(served): State<Arc<Served>>, body: Option<Json<Value>>) -> Response {
-    let Some(Json(body)) = body else { return bad_request("the body is not JSON".into()) };
+/// A body that is not JSON (or lacks `Content-Type: application/json`) is answered like every
+/// other refusal, as an OpenAI-style JSON error, not axum's plain-text rejection.
+async fn chat(State(served): State<Arc<Served>>, body: Result<Json<Value>, JsonRejection>) -> Response {
+    let body = match body {
+        Ok(Json(body)) => body,
+        Err(rejection) => return (rejection.status(), error_body(rejection.body_text(), "invalid_request_error")).into_response(),
+    };
     match served.complete(&body).await {
         Ok(v) => Json(v).into_response(),
         Err(ServeError::BadRequest(message)) => bad_request(message),
-        Err(ServeError::Model(message)) => {
-            (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": {"message": message, "type": "server_error"}}))).into_response()
-        }
+        Err(ServeError::Model(message)) => (StatusCode::INTERNAL_SERVER_ERROR, error_body(message, "server_error")).into_response(),
     }
 }
 
@@ -326,5 +330,9 @@ async fn models(State(served): State<Arc<Served>>) -> Json<Value> {
 }
 
 fn bad_request(message: String) -> Response {
-    (StatusCode::BAD_REQUEST, Json(json!({"error": {"message": message, "type": "invalid_request_error"}}))).into_response()
+    (StatusCode::BAD_REQUEST, error_body(message, "invalid_request_error")).into_response()
+}
+
+fn error_body(message: String, kind: &str) -> Json<Value> {
+    Json(json!({"error": {"message": message, "type": kind}}))
 }
