@@ -97,6 +97,32 @@ fn validate_fails_with_file_line_column_and_runs_nothing() {
     assert!(!dir.path().join("ran").exists(), "nothing may run when validation fails");
 }
 
+/// Keys serde would drop without a word (an internally tagged enum's unit variant, a type without
+/// `deny_unknown_fields`) are refused at their place, with a suggestion.
+#[test]
+fn a_key_a_kind_would_ignore_is_refused_where_it_stands() {
+    let dir = tempfile::tempdir().unwrap();
+    let stages = "stages:\n  tasks: {kind: synthesize, params: {tiers: [1, 2], per_band: 4}}\n  \
+        rollout: {kind: rollout, inputs: {tasks: tasks.tasks}, params: {policy: expert}}\n  \
+        judge: {kind: judge, inputs: {trees: rollout.trees, tasks: tasks.tasks}, params: {mode: exact, verifer: strict}}\n  \
+        advantage: {kind: advantage, inputs: {trees: judge.trees}}\n  \
+        warmstart: {kind: warmstart, inputs: {tasks: tasks.tasks, gate_tasks: tasks.tasks}, \
+        params: {model: {d_model: 16, n_layers: 1, n_heads: 2, d_ff: 32}, max_steps: 1, gate: {required: false}}}\n  \
+        update: {kind: update, inputs: {trees: advantage.trees, checkpoint: warmstart.checkpoint, tasks: tasks.tasks}, \
+        params: {loss: {kind: ppo_clip, epsilon: 0.2, epsilon_hi: 0.3}}}\n";
+    std::fs::write(dir.path().join("k.yaml"), format!("name: k\n{stages}")).unwrap();
+    let o = rao(&["validate", "k.yaml"], dir.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("k.yaml:5:") && t.contains("params.verifer: unknown key"), "{t}");
+    assert!(t.contains("k.yaml:8:") && t.contains("params.loss.epsilon_hi: unknown key") && t.contains("did you mean `epsilon`?"), "{t}");
+    // Without them the same file is valid: maps and free-form values keep their own keys.
+    let fixed = stages.replace(", verifer: strict", "").replace(", epsilon_hi: 0.3", "");
+    std::fs::write(dir.path().join("k.yaml"), format!("name: k\n{fixed}")).unwrap();
+    let o = rao(&["validate", "k.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+}
+
 #[test]
 fn plan_explains_what_changed_and_exec_runs_one_instance_alone() {
     let dir = tempfile::tempdir().unwrap();

@@ -88,9 +88,36 @@ pub trait StageKind: Send + Sync + 'static {
     fn run(&self, ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>>;
 }
 
-/// Check `params` against a serde type `P` (use `#[serde(deny_unknown_fields)]` on it).
-pub fn check_typed<P: DeserializeOwned + schemars::JsonSchema>(params: &Value) -> Result<(), ParamError> {
-    parse_typed::<P>(params).map(|_| ())
+/// Check `params` against a serde type `P` (use `#[serde(deny_unknown_fields)]` on it), and
+/// refuse keys that `P` would silently drop where that attribute does not reach
+/// ([`crate::unknown_keys`]).
+pub fn check_typed<P: DeserializeOwned + schemars::JsonSchema + 'static>(params: &Value) -> Result<(), ParamError> {
+    parse_typed::<P>(params)?;
+    let unknown = crate::unknown_keys::unknown_keys(&schema_of::<P>(), params);
+    let Some(first) = unknown.first() else { return Ok(()) };
+    let key = first.path.split(['.', '[']).next().unwrap_or(&first.path).to_string();
+    let more = match unknown.len() {
+        1 => String::new(),
+        n => format!(" (and {} more: {})", n - 1, unknown[1..].iter().map(|u| u.path.as_str()).collect::<Vec<_>>().join(", ")),
+    };
+    let name = first.path.rsplit(['.', ']']).next().unwrap_or(&first.path);
+    let help = crate::diag::did_you_mean(name, first.declared.iter().map(String::as_str))
+        .unwrap_or_else(|| format!("remove it: the keys here are {}", first.declared.join(", ")));
+    Err(ParamError {
+        key: Some(key),
+        message: format!("params.{}: unknown key, which this kind would ignore{more}", first.path),
+        help: Some(help),
+    })
+}
+
+/// `P`'s JSON Schema, made once per type (a plan checks every instance).
+fn schema_of<P: schemars::JsonSchema + 'static>() -> std::sync::Arc<Value> {
+    use std::any::TypeId;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<TypeId, Arc<Value>>>> = OnceLock::new();
+    let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    cache.entry(TypeId::of::<P>()).or_insert_with(|| Arc::new(schemars::schema_for!(P).to_value())).clone()
 }
 
 /// `params` parsed into `P` and written back: every default filled in.

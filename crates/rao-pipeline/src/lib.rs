@@ -39,6 +39,7 @@ pub mod snapshot;
 pub mod spec;
 pub mod store;
 pub mod subst;
+pub mod unknown_keys;
 
 pub use compile::{Compiled, compile_str, load, load_cached};
 pub use diag::Diagnostics;
