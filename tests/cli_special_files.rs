@@ -210,6 +210,20 @@ fn ctrl_c_sigterm_and_sighup_take_the_processes_a_shell_stage_started_with_it() 
 }
 
 #[test]
+fn kill_9_of_rao_takes_the_processes_its_stages_started_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // No signal handler runs: a watcher rao started with its first stage kills what is listed.
+    for executor in ["in-process", "process"] {
+        let pids = background_sleeps(dir.path(), "");
+        let mut child = start(&["run", "p.yaml", "--executor", executor], dir.path());
+        let started = wait_for_pids(&pids, 2);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_all_gone(&started, &format!("{executor}: after kill -9 of rao"));
+    }
+}
+
+#[test]
 fn verify_reports_a_fifo_or_a_folder_where_a_file_was_as_damage_and_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let stage = |name: &str| format!("  {name}: {{kind: shell, params: {{command: 'seq 1 100 > ${{outputs.o}}/v'}}, outputs: [o]}}\n");

@@ -130,7 +130,7 @@ async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
     let stderr = child.stderr.take().map(|e| tokio::spawn(stderr_tail(e)));
     // Armed until the group has been killed below: dropped before that (a timeout, Ctrl-C), it
     // kills the group. `sh` is not reaped before then, so its id names this group and no other.
-    let group = KillGroup(child.id());
+    let group = KillGroup { pgid: child.id(), _listed: crate::reaper::Watched::group(child.id()) };
     exited_unreaped(child.id()).await?;
     // What the command left running in the background (`cmd &` with its output redirected)
     // could go on writing into outputs that are then published and hashed: it goes now.
@@ -188,14 +188,18 @@ async fn exited_unreaped(pid: Option<u32>) -> anyhow::Result<()> {
 
 /// Kills a shell command's process group (its id is the `sh`'s PID) when dropped: when the
 /// command has ended (before `sh` is reaped), and when the stage's future is dropped before that
-/// (a timeout, Ctrl-C).
+/// (a timeout, Ctrl-C). Until then the group is listed with the watcher that kills it if rao is
+/// killed outright (`reaper`); the listing goes after the kill, with the second field.
 #[cfg_attr(not(unix), allow(dead_code))]
-struct KillGroup(Option<u32>);
+struct KillGroup {
+    pgid: Option<u32>,
+    _listed: crate::reaper::Watched,
+}
 
 impl Drop for KillGroup {
     fn drop(&mut self) {
         #[cfg(unix)]
-        if let Some(pgid) = self.0.and_then(|id| libc::pid_t::try_from(id).ok()) {
+        if let Some(pgid) = self.pgid.and_then(|id| libc::pid_t::try_from(id).ok()) {
             // SAFETY: a plain system call, to a group whose leader is not yet reaped (see above).
             unsafe { libc::killpg(pgid, libc::SIGKILL) };
         }

@@ -93,6 +93,8 @@ impl Executor for LocalProcess {
                 .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
             let (stdout, mut stderr) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
             let pid = child.id();
+            // Killed if rao is (`reaper`); unlisted when this future ends, as the child is waited for or killed.
+            let _watched = crate::reaper::Watched::process(pid);
             // Cancelled: the child gets Ctrl-C and stops as a run does (its stage at the next
             // step, its lease released). If it is still running when the scheduler's grace ends,
             // this future is dropped and the child killed. Its saved progress stays either way.

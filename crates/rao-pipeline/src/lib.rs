@@ -30,6 +30,7 @@ mod progress;
 pub mod publish;
 pub mod ray;
 mod read_ahead;
+pub mod reaper;
 pub mod resolved;
 pub mod run_record;
 pub mod scheduler;
