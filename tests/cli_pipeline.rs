@@ -123,6 +123,44 @@ fn a_key_a_kind_would_ignore_is_refused_where_it_stands() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
+/// Counts and budgets that leave nothing to run, or ask for more memory than any machine has
+/// (which aborted rao), are refused before anything runs, each at its stage.
+#[test]
+fn degenerate_counts_and_budgets_are_refused_by_validate() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = "name: d\nstages:\n  \
+        tasks: {kind: synthesize, params: {per_band: 100000000000000}}\n  \
+        shallow: {kind: synthesize, params: {tiers: [5, 2]}}\n  \
+        rollout: {kind: rollout, inputs: {tasks: shallow.tasks}, params: {group_size: 0, limits: {window: 0, max_nodes: 0}}}\n  \
+        evaluate: {kind: evaluate, inputs: {tasks: tasks.tasks}, params: {policy: expert, modes: [], limits: {step_budget: 0}}}\n  \
+        chains: {kind: multihop_tasks, params: {hops: [3, 2], per_hops: 0}}\n";
+    std::fs::write(dir.path().join("d.yaml"), file).unwrap();
+    let o = rao(&["validate", "d.yaml"], dir.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let t = text(&o);
+    for (line, says) in [
+        (3, "per_band is 100000000000000: it must be between 1 and 1000000"),
+        (4, "tiers [5, 2] is not a range [min, max] of this world's tiers 0–7"),
+        (5, "group_size is 0"),
+        (5, "limits.window is 0"),
+        (5, "limits.max_nodes is 0"),
+        (6, "modes is empty"),
+        (6, "limits.step_budget is 0"),
+        (7, "per_hops is 0"),
+        (7, "hops [3, 2] is not a range"),
+    ] {
+        assert!(t.contains(says), "{says}:\n{t}");
+        assert!(t.contains(&format!("d.yaml:{line}:")), "line {line}:\n{t}");
+    }
+    // A value of the wrong shape is told what the key is for.
+    std::fs::write(dir.path().join("d.yaml"), "name: d\nstages:\n  tasks: {kind: synthesize, params: {tiers: [1]}}\n").unwrap();
+    let t = text(&rao(&["validate", "d.yaml"], dir.path()));
+    assert!(
+        t.contains("invalid length 1") && t.contains("`tiers` is: Instead of bands: targets of these tiers, inclusive (`[1, 2]`"),
+        "{t}"
+    );
+}
+
 #[test]
 fn plan_explains_what_changed_and_exec_runs_one_instance_alone() {
     let dir = tempfile::tempdir().unwrap();

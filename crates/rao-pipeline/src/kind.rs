@@ -110,6 +110,12 @@ pub fn check_typed<P: DeserializeOwned + schemars::JsonSchema + 'static>(params:
     })
 }
 
+/// The first paragraph of the schema's description of top-level key `key`, on one line.
+fn described(schema: &Value, key: &str) -> Option<String> {
+    let text = schema.get("properties")?.get(key)?.get("description")?.as_str()?;
+    Some(text.split("\n\n").next().unwrap_or(text).split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
 /// `P`'s JSON Schema, made once per type (a plan checks every instance).
 fn schema_of<P: schemars::JsonSchema + 'static>() -> std::sync::Arc<Value> {
     use std::any::TypeId;
@@ -121,13 +127,13 @@ fn schema_of<P: schemars::JsonSchema + 'static>() -> std::sync::Arc<Value> {
 }
 
 /// `params` parsed into `P` and written back: every default filled in.
-pub fn resolve_typed<P: DeserializeOwned + serde::Serialize + schemars::JsonSchema>(params: &Value) -> Result<Value, ParamError> {
+pub fn resolve_typed<P: DeserializeOwned + serde::Serialize + schemars::JsonSchema + 'static>(params: &Value) -> Result<Value, ParamError> {
     let p = parse_typed::<P>(params)?;
     serde_json::to_value(&p).map_err(|e| ParamError { key: None, message: format!("params: {e}"), help: None })
 }
 
 /// Parse `params` into `P`, naming the offending key on failure.
-pub fn parse_typed<P: DeserializeOwned + schemars::JsonSchema>(params: &Value) -> Result<P, ParamError> {
+pub fn parse_typed<P: DeserializeOwned + schemars::JsonSchema + 'static>(params: &Value) -> Result<P, ParamError> {
     let params = if params.is_null() { Value::Object(Default::default()) } else { params.clone() };
     serde_path_to_error::deserialize::<_, P>(params).map_err(|e| {
         let path = e.path().to_string();
@@ -139,14 +145,18 @@ pub fn parse_typed<P: DeserializeOwned + schemars::JsonSchema>(params: &Value) -
         });
         let missing = inner.strip_prefix("missing field `").and_then(|r| r.split('`').next()).map(str::to_string);
         let help = unknown.as_ref().and_then(|u| {
-            let schema = schemars::schema_for!(P);
+            let schema = schema_of::<P>();
             let names: Vec<String> =
                 schema.get("properties").and_then(|p| p.as_object()).map(|o| o.keys().cloned().collect()).unwrap_or_default();
             crate::diag::did_you_mean(u, names.iter().map(|s| s.as_str()))
         });
         let help = help.or_else(|| match &missing {
             Some(m) => Some(format!("add `{m}:` to the stage's params")),
-            None if inner.starts_with("invalid") => Some("change the value to the expected type".into()),
+            // What the key is for says what its value should look like (`tiers: [1]` → "… [1, 2] …").
+            None if inner.starts_with("invalid") => Some(match key.as_deref().and_then(|k| described(&schema_of::<P>(), k)) {
+                Some(what) => format!("`{}` is: {what}", key.as_deref().unwrap_or_default()),
+                None => "change the value to the expected type".into(),
+            }),
             None => None,
         });
         let message = if path.is_empty() || path == "." || unknown.is_some() {
@@ -240,7 +250,7 @@ pub struct StageContext {
 }
 
 impl StageContext {
-    pub fn params_as<P: DeserializeOwned + schemars::JsonSchema>(&self) -> anyhow::Result<P> {
+    pub fn params_as<P: DeserializeOwned + schemars::JsonSchema + 'static>(&self) -> anyhow::Result<P> {
         parse_typed::<P>(&self.params).map_err(|e| anyhow::anyhow!(e.message))
     }
 

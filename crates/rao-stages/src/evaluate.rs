@@ -134,9 +134,17 @@ pub struct Evaluate;
 
 impl TypedStage for Evaluate {
     fn check(p: &EvaluateParams, inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
+        let no_modes = p.modes.is_empty().then(|| rao_pipeline::ParamError {
+            key: Some("modes".into()),
+            message: "modes is empty: nothing would be evaluated".into(),
+            help: Some("give `modes: [recursive]`, `[flat]` or both (the default)".into()),
+        });
         crate::rollout::needs_checkpoint(p.policy, inputs)
             .into_iter()
             .chain(crate::rollout::needs_endpoint(p.policy, p.openai.as_ref()))
+            .chain(no_modes)
+            .chain(crate::rollout::check_count("group_size", p.group_size, crate::rollout::MAX_GROUP_SIZE))
+            .chain(p.limits.check("limits"))
             .collect()
     }
     fn code() -> &'static str {

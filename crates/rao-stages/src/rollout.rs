@@ -57,6 +57,20 @@ pub fn needs_endpoint(policy: PolicyKind, endpoint: Option<&ChatEndpoint>) -> Op
     }
 }
 
+/// A count of trees or tasks: at least 1 (0 ran and reported nothing) and at most `max` (past it,
+/// memory for the trees was asked for at once and the allocation aborted rao).
+pub fn check_count(key: &str, value: usize, max: usize) -> Option<rao_pipeline::ParamError> {
+    (value == 0 || value > max).then(|| rao_pipeline::ParamError {
+        key: Some(key.into()),
+        message: format!("{key} is {value}: it must be between 1 and {max}"),
+        help: Some(format!("give `{key}` a count from 1 to {max}")),
+    })
+}
+
+/// Trees per task (`group_size`) at most: 4,096 attempts of one task is already far past any
+/// method's use.
+pub const MAX_GROUP_SIZE: usize = 4096;
+
 /// A policy that runs a model needs the model: caught by `rao validate`, before upstream work.
 pub fn needs_checkpoint(policy: PolicyKind, inputs: &[&str]) -> Option<rao_pipeline::ParamError> {
     let name = match policy {
@@ -151,6 +165,31 @@ impl Default for LimitParams {
 }
 
 impl LimitParams {
+    /// Budgets that leave nothing to run (a window of 0 tokens, a tree of 0 nodes, 0 steps) are
+    /// refused by `rao validate`: they used to run and report success 0 without a word.
+    pub fn check(&self, key: &str) -> Vec<rao_pipeline::ParamError> {
+        let zero = |name: &str, what: &str| rao_pipeline::ParamError {
+            key: Some(key.into()),
+            message: format!("{key}.{name} is 0: {what}"),
+            help: Some(format!("give `{name}` at least 1, or leave it out for its default")),
+        };
+        let mut out = Vec::new();
+        if self.window == 0 {
+            out.push(zero("window", "no node could read its goal"));
+        }
+        if self.max_nodes == 0 {
+            out.push(zero("max_nodes", "no tree could have its root"));
+        }
+        for (name, value) in
+            [("step_budget", self.step_budget), ("root_step_budget", self.root_step_budget), ("subtree_steps", self.subtree_steps)]
+        {
+            if value == Some(0) {
+                out.push(zero(name, "a node could take no action"));
+            }
+        }
+        out
+    }
+
     pub fn limits(&self, mode: Mode) -> Limits {
         let base = match mode {
             Mode::Recursive => Limits::recursive(self.window),
@@ -410,6 +449,8 @@ impl TypedStage for Rollout {
         }
         out.extend(needs_checkpoint(p.policy, inputs));
         out.extend(needs_endpoint(p.policy, p.openai.as_ref()));
+        out.extend(check_count("group_size", p.group_size, MAX_GROUP_SIZE));
+        out.extend(p.limits.check("limits"));
         out
     }
     fn code() -> &'static str {

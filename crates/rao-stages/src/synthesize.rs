@@ -67,6 +67,10 @@ fn default_world() -> WorldSpec {
 fn default_bands() -> Vec<Band> {
     vec![Band::Medium]
 }
+/// Tasks per band at most: a million tasks is a large data set; far past it, the tasks' memory
+/// was asked for at once and the allocation aborted rao.
+const MAX_PER_BAND: usize = 1_000_000;
+
 fn default_per_band() -> usize {
     16
 }
@@ -90,14 +94,29 @@ pub struct Synthesize;
 impl TypedStage for Synthesize {
     /// A misspelt preset is caught by `rao validate`, not when the stage runs.
     fn check(p: &SynthesizeParams, _inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
-        match p.world.config() {
-            Ok(_) => Vec::new(),
-            Err(e) => vec![rao_pipeline::ParamError {
-                key: Some("world".into()),
-                message: e.to_string(),
-                help: Some("or give the world's shape itself as a map (`domains`, `max_tier`, `base_per_domain`, …: `SynthConfig` in the JSON Schema)".into()),
-            }],
+        let mut out: Vec<rao_pipeline::ParamError> =
+            crate::rollout::check_count("per_band", p.per_band, MAX_PER_BAND).into_iter().collect();
+        let config = match p.world.config() {
+            Ok(config) => config,
+            Err(e) => {
+                out.push(rao_pipeline::ParamError {
+                    key: Some("world".into()),
+                    message: e.to_string(),
+                    help: Some("or give the world's shape itself as a map (`domains`, `max_tier`, `base_per_domain`, …: `SynthConfig` in the JSON Schema)".into()),
+                });
+                return out;
+            }
+        };
+        if let Some([lo, hi]) = p.tiers
+            && (lo > hi || hi > config.max_tier)
+        {
+            out.push(rao_pipeline::ParamError {
+                key: Some("tiers".into()),
+                message: format!("tiers [{lo}, {hi}] is not a range [min, max] of this world's tiers 0–{}", config.max_tier),
+                help: Some(format!("give `tiers: [min, max]` with min ≤ max ≤ {}", config.max_tier)),
+            });
         }
+        out
     }
     fn code() -> &'static str {
         crate::code::of("synthesize")

@@ -76,6 +76,9 @@ fn vocab_size() -> usize {
 pub struct TextModelKind;
 
 impl TypedStage for TextModelKind {
+    fn check(p: &TextModelParams, _inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
+        p.limits.check("limits")
+    }
     fn code() -> &'static str {
         crate::code::of("text_model")
     }

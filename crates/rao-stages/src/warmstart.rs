@@ -294,7 +294,8 @@ impl TypedStage for Warmstart {
 
     fn check(p: &WarmstartParams, inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
         let given = inputs.contains(&"checkpoint");
-        match (&p.model, given) {
+        let mut out = p.limits.check("limits");
+        out.extend(match (&p.model, given) {
             (None, false) => vec![rao_pipeline::ParamError {
                 key: Some("model".into()),
                 message: "the warm start needs a model: a new one's shape (`model`) or a `checkpoint` input".into(),
@@ -306,7 +307,8 @@ impl TypedStage for Warmstart {
                 help: Some("remove `model` to warm-start the checkpoint, or the `checkpoint` input to start a new model".into()),
             }],
             _ => vec![],
-        }
+        });
+        out
     }
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
 

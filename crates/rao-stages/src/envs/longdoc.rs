@@ -101,6 +101,9 @@ pub struct LongDocParams {
     pub task_seed: Option<u64>,
 }
 
+/// Documents at most: up to 999 lines each, 100,000 of them take gigabytes.
+const MAX_COUNT: usize = 100_000;
+
 fn default_count() -> usize {
     16
 }
@@ -114,7 +117,7 @@ impl TypedStage for LongDocTasks {
     fn check(p: &LongDocParams, _inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
         let c = &p.config;
         let bad = |message: String| rao_pipeline::ParamError { key: Some("config".into()), message, help: None };
-        let mut out = Vec::new();
+        let mut out: Vec<_> = crate::rollout::check_count("count", p.count, MAX_COUNT).into_iter().collect();
         if !(c.min_lines >= 1 && c.min_lines <= c.max_lines) {
             out.push(rao_pipeline::ParamError {
                 help: Some("make `config.min_lines` at least 1 and at most `config.max_lines`".into()),

@@ -101,6 +101,9 @@ pub struct MultiHopParams {
 fn default_hops() -> [usize; 2] {
     [2, 4]
 }
+/// Questions per chain length at most (far past it, their memory was asked for at once).
+const MAX_PER_HOPS: usize = 1_000_000;
+
 fn default_per_hops() -> usize {
     8
 }
@@ -111,6 +114,31 @@ impl TypedStage for MultiHopTasks {
     fn code() -> &'static str {
         crate::code::of("envs")
     }
+    /// Caught by `rao validate` (they were found only when the stage ran).
+    fn check(p: &MultiHopParams, _inputs: &[&str]) -> Vec<rao_pipeline::ParamError> {
+        let bad =
+            |key: &str, message: String, help: &str| rao_pipeline::ParamError { key: Some(key.into()), message, help: Some(help.into()) };
+        let [lo, hi] = p.hops;
+        let mut out: Vec<_> = crate::rollout::check_count("per_hops", p.per_hops, MAX_PER_HOPS).into_iter().collect();
+        if !(1 <= lo && lo <= hi && hi <= MAX_HOPS) {
+            out.push(bad(
+                "hops",
+                format!("hops [{lo}, {hi}] is not a range [min, max] within 1–{MAX_HOPS}"),
+                "give `hops: [min, max]` with 1 ≤ min ≤ max",
+            ));
+        }
+        if p.graph.relations > RELATIONS.len() {
+            out.push(bad(
+                "graph",
+                format!("graph.relations is {}: at most {}", p.graph.relations, RELATIONS.len()),
+                "lower `graph.relations`",
+            ));
+        }
+        if !(4..4900).contains(&p.graph.entities) {
+            out.push(bad("graph", format!("graph.entities is {}: between 4 and 4899", p.graph.entities), "change `graph.entities`"));
+        }
+        out
+    }
     type Params = MultiHopParams;
     const NAME: &'static str = "multihop_tasks";
     const VERSION: u32 = 3; // 2: entity pages (one-key lookup), 8 relations; 3: pages end on the query
@@ -120,10 +148,10 @@ impl TypedStage for MultiHopTasks {
 
     fn run(ctx: StageContext, p: MultiHopParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
+            if let Some(e) = Self::check(&p, &[]).into_iter().next() {
+                anyhow::bail!(e.message);
+            }
             let [lo, hi] = p.hops;
-            anyhow::ensure!(1 <= lo && lo <= hi && hi <= MAX_HOPS, "hops: need 1 <= lo <= hi <= {MAX_HOPS}");
-            anyhow::ensure!(p.graph.relations <= RELATIONS.len(), "graph.relations: at most {}", RELATIONS.len());
-            anyhow::ensure!((4..4900).contains(&p.graph.entities), "graph.entities: between 4 and 4899");
             let graph = multihop::generate(&p.graph, p.graph_seed);
             let tasks = multihop::synthesize(&graph, (lo, hi), p.per_hops, p.split == Split::Validation, p.task_seed.unwrap_or(ctx.seed));
             let lang = Lang::new(graph.clone());
