@@ -485,8 +485,16 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     assert!(out.contains("| B | cmp-wide | `b.yaml` | 1, 2 (not all in the store) |"), "{out}");
     let rec = out.lines().find(|l| l.starts_with("| eval (expert) | recursive | medium |")).unwrap();
     assert!(!rec.contains('*'), "the recursive expert solves all in both: {rec}");
-    assert!(out.contains("cmp-wide seed 2 (eval): `rao run b.yaml --set seed=2`"), "{out}");
+    assert!(out.contains("B (cmp-wide) seed 2 (eval): `rao run b.yaml --set seed=2`"), "{out}");
     assert_eq!(objects(), before, "compare runs nothing");
+    // A variant that keeps its base's `name:` and lacks seed 2: only its own row says so.
+    std::fs::write(dir.path().join("c.yaml"), "extends: a.yaml\nname: cmp\nset:\n  params.window: 128\n").unwrap();
+    assert!(rao(&["run", "c.yaml"], dir.path()).status.success());
+    let same = String::from_utf8_lossy(&rao(&["compare", "a.yaml", "c.yaml", "--seeds", "1,2"], dir.path()).stdout).to_string();
+    assert!(
+        same.contains("| A | cmp | `a.yaml` | 1, 2 |") && same.contains("| B | cmp | `c.yaml` | 1, 2 (not all in the store) |"),
+        "{same}"
+    );
 
     let csv = rao(&["compare", "a.yaml", "b.yaml", "--seeds", "1,2", "--format", "csv", "--metric", "success"], dir.path());
     assert!(String::from_utf8_lossy(&csv.stderr).contains("missing: cmp-wide seed 2"), "{}", text(&csv));

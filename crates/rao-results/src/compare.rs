@@ -122,6 +122,8 @@ pub struct Cell {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Missing {
+    /// Which of the compared files (its index): two may share a `name:`.
+    pub arm: usize,
     pub pipeline: String,
     pub seed: u64,
     pub instances: Vec<String>,
@@ -160,8 +162,10 @@ pub fn compare(arms: &[Arm], metrics: &[Metric]) -> Comparison {
         cells,
         missing: arms
             .iter()
-            .flat_map(|a| {
-                a.runs.iter().filter(|r| !r.missing.is_empty()).map(|r| Missing {
+            .enumerate()
+            .flat_map(|(arm, a)| {
+                a.runs.iter().filter(|r| !r.missing.is_empty()).map(move |r| Missing {
+                    arm,
                     pipeline: a.name.clone(),
                     seed: r.seed,
                     instances: r.missing.clone(),

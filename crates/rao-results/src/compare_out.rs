@@ -55,7 +55,7 @@ pub fn markdown(cmp: &Comparison) -> String {
     let mut s = String::from("| | pipeline | file | seeds |\n|---|---|---|---|\n");
     for (i, (name, file, seeds)) in cmp.pipelines.iter().enumerate() {
         // A seed with an evaluation missing is named as such: the means below are over the others.
-        let incomplete = |seed: u64| cmp.missing.iter().any(|m| m.pipeline == *name && m.seed == seed);
+        let incomplete = |seed: u64| cmp.missing.iter().any(|m| m.arm == i && m.seed == seed);
         let seeds: Vec<String> =
             seeds.iter().map(|&seed| if incomplete(seed) { format!("{seed} (not all in the store)") } else { seed.to_string() }).collect();
         let _ = writeln!(s, "| {} | {} | `{}` | {} |", letter(i), md_escape(name), file, seeds.join(", "));
@@ -103,7 +103,7 @@ pub fn markdown(cmp: &Comparison) -> String {
             "\nNot in the store yet (a cell names the seeds it has where some are missing; — where none); these commands produce them:\n\n",
         );
         for m in &cmp.missing {
-            let _ = writeln!(s, "- {} seed {} ({}): `{}`", m.pipeline, m.seed, m.instances.join(", "), m.command);
+            let _ = writeln!(s, "- {} ({}) seed {} ({}): `{}`", letter(m.arm), m.pipeline, m.seed, m.instances.join(", "), m.command);
         }
     }
     s
