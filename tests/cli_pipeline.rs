@@ -497,7 +497,7 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     );
 
     let csv = rao(&["compare", "a.yaml", "b.yaml", "--seeds", "1,2", "--format", "csv", "--metric", "success"], dir.path());
-    assert!(String::from_utf8_lossy(&csv.stderr).contains("missing: cmp-wide seed 2"), "{}", text(&csv));
+    assert!(String::from_utf8_lossy(&csv.stderr).contains("missing: cmp-wide (file b.yaml) seed 2"), "{}", text(&csv));
     let csv = String::from_utf8_lossy(&csv.stdout).to_string();
     let lines: Vec<&str> = csv.lines().collect();
     assert!(lines[0].starts_with("pipeline,file,evaluation,label,mode,band,metric,seeds,value,ci_low,ci_high,p_vs_first"), "{csv}");

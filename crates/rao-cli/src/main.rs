@@ -787,7 +787,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             );
             for m in cmp.missing.iter().filter(|_| !matches!(format, CompareFormat::Markdown)) {
-                eprintln!("missing: {} seed {} ({}): run `{}`", m.pipeline, m.seed, m.instances.join(", "), m.command);
+                eprintln!(
+                    "missing: {} (file {}) seed {} ({}): run `{}`",
+                    m.pipeline,
+                    cmp.pipelines[m.arm].1,
+                    m.seed,
+                    m.instances.join(", "),
+                    m.command
+                );
             }
         }
         Command::Path { p, instance, file } => {

@@ -93,8 +93,9 @@ impl Executor for LocalProcess {
                 .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
             let (stdout, mut stderr) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
             let pid = child.id();
-            // Killed if rao is (`reaper`); unlisted when this future ends, as the child is waited for or killed.
-            let _watched = crate::reaper::Watched::process(pid);
+            // Killed if rao is (`reaper`). Unlisted as soon as the child has been waited for (below),
+            // or when this future is dropped (the child is killed then).
+            let watched = crate::reaper::Watched::process(pid);
             // Cancelled: the child gets Ctrl-C and stops as a run does (its stage at the next
             // step, its lease released). If it is still running when the scheduler's grace ends,
             // this future is dropped and the child killed. Its saved progress stays either way.
@@ -110,6 +111,9 @@ impl Executor for LocalProcess {
             let mut err = Vec::new();
             let (_, _, status) =
                 tokio::join!(forward_events(stdout, &reporter), tokio::io::AsyncReadExt::read_to_end(&mut stderr, &mut err), waited);
+            // The child is reaped: its pid may be anyone's from now on (the manifest read below can
+            // take a while on a bucket).
+            drop(watched);
             let status = status.map_err(|e| format!("waiting for {}: {e}", exe.display()))?;
             if job.cancel.is_cancelled() && !status.success() {
                 return Err("cancelled".into());

@@ -18,6 +18,7 @@ use std::sync::Mutex;
 /// first " ID " out with two parameter expansions (no `sed` per line).
 #[cfg(unix)]
 const WATCHER: &str = r#"trap '' INT TERM HUP
+set -f
 t=' '
 while read -r op id; do
   case $op in
@@ -71,22 +72,26 @@ impl Drop for Watched {
 fn send(line: &str) {
     use std::os::unix::process::CommandExt;
     let mut pipe = WATCHER_PIPE.lock().unwrap_or_else(|p| p.into_inner());
-    if pipe.is_none() {
-        *pipe = std::process::Command::new("/bin/sh")
-            .arg("-c")
-            .arg(WATCHER)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .process_group(0)
-            .spawn()
-            .ok()
-            .and_then(|mut child| child.stdin.take());
-    }
-    // One `write` of a short line: the pipe takes it whole.
-    if let Some(p) = pipe.as_mut()
-        && p.write_all(line.as_bytes()).is_err()
-    {
-        *pipe = None;
+    // A watcher that has gone (the write fails: rao ignores SIGPIPE while it runs stages) is
+    // replaced once; the new one knows only what is listed from then on.
+    for _ in 0..2 {
+        if pipe.is_none() {
+            *pipe = std::process::Command::new(crate::local_file::shell())
+                .arg("-c")
+                .arg(WATCHER)
+                .current_dir("/")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .process_group(0)
+                .spawn()
+                .ok()
+                .and_then(|mut child| child.stdin.take());
+        }
+        // One `write` of a short line: the pipe takes it whole.
+        match pipe.as_mut().map(|p| p.write_all(line.as_bytes())) {
+            Some(Ok(())) | None => return,
+            Some(Err(_)) => *pipe = None,
+        }
     }
 }

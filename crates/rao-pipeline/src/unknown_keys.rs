@@ -4,8 +4,10 @@
 //! variant (`judge: {mode: exact, typo: 1}`) and a type without the attribute (a loss's
 //! `{kind: cispo, hi: 5, lo_clip: 0}`) accept any extra key and drop it, so a misspelt setting
 //! runs with its default and nothing says so. This walks the params beside the kind's JSON Schema
-//! and names every key that no alternative of the schema at that place declares. Maps (a schema
-//! with no `properties`) and free-form values (`true` or `{}`) take any key.
+//! and names every key that no alternative of the schema at that place declares — of the
+//! alternatives its tag selects, where a property pins one (`judge: {mode: exact, model: x}`:
+//! `model` is the `llm` variant's). Maps, structs with a flattened map, and free-form values
+//! (`true`, `{}`, a schema that only describes) take any key.
 
 use serde_json::{Map, Value};
 
@@ -34,7 +36,8 @@ fn alternatives<'a>(root: &'a Value, schema: &'a Value, depth: usize, out: &mut 
     }
     let s = match schema {
         Value::Bool(true) => return None,
-        Value::Object(s) if s.is_empty() => return None,
+        // No constraint at all, only words about the value (a documented `serde_json::Value`).
+        Value::Object(s) if s.keys().all(|k| ANNOTATIONS.contains(&k.as_str())) => return None,
         Value::Object(s) => s,
         _ => return Some(()),
     };
@@ -53,6 +56,38 @@ fn alternatives<'a>(root: &'a Value, schema: &'a Value, depth: usize, out: &mut 
     Some(())
 }
 
+/// Schema keywords that say nothing about what a value may be.
+const ANNOTATIONS: &[&str] = &["description", "title", "default", "examples", "deprecated", "readOnly", "writeOnly", "$comment"];
+
+/// Whether an object schema takes keys beyond its `properties` (a map, or a struct with a
+/// flattened map): `additionalProperties` / `unevaluatedProperties` present and not `false`, or
+/// `patternProperties`.
+fn open_keys(a: &Map<String, Value>) -> Option<&Value> {
+    if let Some(p) = a.get("patternProperties") {
+        return Some(p);
+    }
+    ["additionalProperties", "unevaluatedProperties"].iter().filter_map(|k| a.get(*k)).find(|v| **v != Value::Bool(false))
+}
+
+/// Of the alternatives, those whose tag fits: a property the value has, which an alternative
+/// pins to one value (`const`, or an `enum` of one) that differs, rules that alternative out —
+/// so `{mode: exact, model: x}` is checked against the `exact` variant alone. All of them when
+/// that would leave none.
+fn matching<'a>(alts: &[&'a Map<String, Value>], map: &Map<String, Value>) -> Vec<&'a Map<String, Value>> {
+    let pinned = |schema: &Value| -> Option<Value> {
+        schema.get("const").cloned().or_else(|| schema.get("enum")?.as_array().filter(|e| e.len() == 1)?.first().cloned())
+    };
+    let fits = |a: &&Map<String, Value>| {
+        let Some(props) = a.get("properties").and_then(Value::as_object) else { return true };
+        props.iter().all(|(k, schema)| match (map.get(k), pinned(schema)) {
+            (Some(given), Some(pin)) => *given == pin,
+            _ => true,
+        })
+    };
+    let kept: Vec<_> = alts.iter().copied().filter(fits).collect();
+    if kept.is_empty() { alts.to_vec() } else { kept }
+}
+
 fn walk(root: &Value, schemas: &[&Value], value: &Value, path: &str, out: &mut Vec<UnknownKey>) {
     let mut alts = Vec::new();
     for s in schemas {
@@ -62,9 +97,10 @@ fn walk(root: &Value, schemas: &[&Value], value: &Value, path: &str, out: &mut V
     }
     match value {
         Value::Object(map) => {
+            let alts = matching(&alts, map);
             // A map's values (`additionalProperties: SCHEMA`) are walked; its keys are its own.
-            if let Some(values) = alts.iter().find(|a| !a.contains_key("properties")).map(|a| a.get("additionalProperties")) {
-                if let Some(values @ Value::Object(_)) = values {
+            if let Some(values) = alts.iter().find_map(|a| open_keys(a)) {
+                if values.is_object() && alts.iter().all(|a| !a.contains_key("properties")) {
                     for (k, v) in map {
                         walk(root, &[values], v, &join(path, k), out);
                     }
@@ -167,11 +203,30 @@ mod tests {
         let schema = serde_json::to_value(schemars::schema_for!(Judge)).unwrap();
         let mut declared = unknown_keys(&schema, &json!({"mode": "exact", "typo": 1})).remove(0).declared;
         declared.sort();
-        assert_eq!(declared, ["mode", "url"], "every variant's keys once, for a suggestion");
+        assert_eq!(declared, ["mode"], "the keys of the variant the tag names, for a suggestion");
         assert_eq!(unknown::<Judge>(json!({"mode": "llm", "url": "u"})), Vec::<String>::new());
         let p = json!({"loss": {"kind": "cispo", "lo": 0, "hi": 5, "lo_clip": 1}, "losses": [{"kind": "reinforce"}, {"kind": "reinforce", "x": 1}]});
         assert!(serde_json::from_value::<Params>(p.clone()).is_ok());
         assert_eq!(unknown::<Params>(p), ["loss.lo_clip", "losses[1].x"]);
+    }
+
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Open {
+        known: u32,
+        #[serde(flatten)]
+        rest: std::collections::BTreeMap<String, u32>,
+        /// Anything at all, documented.
+        #[serde(default)]
+        free: Option<serde_json::Value>,
+    }
+
+    #[test]
+    fn a_key_of_another_variant_is_refused_and_flattened_maps_take_any_key() {
+        // `model` belongs to the `llm` variant: with `mode: exact` it would be dropped.
+        assert_eq!(unknown::<Judge>(json!({"mode": "exact", "url": "u"})), ["url"]);
+        assert_eq!(unknown::<Params>(json!({"loss": {"kind": "reinforce", "lo": 0}})), ["loss.lo"]);
+        assert_eq!(unknown::<Open>(json!({"known": 1, "other": 2, "free": {"a": {"b": 1}}})), Vec::<String>::new());
     }
 
     #[test]
