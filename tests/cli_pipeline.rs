@@ -73,6 +73,12 @@ fn only_runs_its_stage_skips_the_rest_and_fails_when_an_input_is_missing() {
     assert!(text(&o).contains("skipped  c: upstream `b` did not finish"), "{}", text(&o));
     assert!(text(&o).contains("1 stage(s) failed"), "{}", text(&o));
     assert_eq!(ran(), "");
+    // `c` needs `b`, which is missing because `a` is: both are named, and where to start.
+    let o = rao(&["run", p, "--only", "c"], dir.path());
+    assert!(!o.status.success(), "{}", text(&o));
+    let expected = "FAILED   c: its input `b` is not done and not selected, nor is `a` above it: run them first, or use --from a";
+    assert!(text(&o).contains(expected), "{}", text(&o));
+    assert_eq!(ran(), "");
     // `a` alone succeeds although b and c are not done.
     let o = rao(&["run", p, "--only", "a"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
@@ -287,6 +293,81 @@ fn report_follows_the_overrides_it_is_given() {
     let o = rao(&["report", "w.yaml", "--set", "params.window=128"], dir.path());
     assert!(!String::from_utf8_lossy(&o.stdout).contains("expert "), "{}", text(&o));
     assert!(text(&o).contains("not in the store for this pipeline as given"), "{}", text(&o));
+    assert!(!o.status.success() && text(&o).contains("nothing to report"), "{}", text(&o));
+}
+
+#[test]
+fn a_variant_in_another_folder_reads_its_bases_paths_as_the_base_does() {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["main", "variants"] {
+        std::fs::create_dir(dir.path().join(d)).unwrap();
+    }
+    std::fs::write(dir.path().join("main/data.txt"), "from the base's folder\n").unwrap();
+    std::fs::write(
+        dir.path().join("main/p.yaml"),
+        "name: p\nparams: {n: 1}\nstages:\n  a: {kind: shell, params: {command: 'cat data.txt > ${outputs.o}/v; pwd >> ${outputs.o}/v', deps: [data.txt]}, outputs: [o]}\n  \
+         b: {kind: shell, params: {command: 'seq ${params.n} > ${outputs.o}/v'}, outputs: [o]}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("variants/v.yaml"),
+        "extends: ../main/p.yaml\nname: pv\nset:\n  params.n: 2\n  params.nothing_reads_this: 3\n",
+    )
+    .unwrap();
+    let o = rao(&["run", "main/p.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let o = rao(&["run", "variants/v.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    // The base's store and deps: `a` (unchanged) is the base's result, only `b` runs again.
+    assert!(text(&o).contains("cached   a"), "{}", text(&o));
+    assert!(!dir.path().join("variants/.rao").exists(), "the variant made a store of its own");
+    assert!(text(&o).contains("warning: `set:` of variants/v.yaml: params.nothing_reads_this: no stage reads"), "{}", text(&o));
+    let o = rao(&["validate", "variants/v.yaml"], dir.path());
+    assert!(o.status.success() && text(&o).contains("ok (2 stage instances, 0 loops)"), "{}", text(&o));
+    assert!(text(&o).contains("params.nothing_reads_this"), "{}", text(&o));
+}
+
+#[test]
+fn shell_commands_get_store_paths_with_spaces_and_quotes_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("my runs");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(
+        folder.join("p.yaml"),
+        "name: p\nstages:\n  a: {kind: shell, params: {command: 'seq 3 > ${outputs.o}/f'}, outputs: [o]}\n  \
+         b: {kind: shell, params: {command: 'wc -l < ${inputs.i}/f | tr -d \" \" > \"${outputs.o}/n\"'}, inputs: {i: a.o}, outputs: [o]}\n  \
+         c: {kind: shell, params: {command: 'cat \"${inputs.n}/n\" ${inputs.f}/f > result.txt'}, inputs: {n: b.o, f: a.o}, outputs: [o]}\n",
+    )
+    .unwrap();
+    let o = rao(&["run", "my runs/p.yaml", "--store", "it's a store"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::read_to_string(folder.join("result.txt")).unwrap(), "3\n1\n2\n3\n");
+    assert!(dir.path().join("it's a store/objects").is_dir());
+}
+
+#[test]
+fn an_empty_store_path_is_refused_and_a_tilde_is_the_home_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        "name: p\nstages:\n  a: {kind: shell, params: {command: 'echo 1 > ${outputs.o}/v'}, outputs: [o]}\n",
+    )
+    .unwrap();
+    let run =
+        |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_rao")).args(args).env("HOME", &home).current_dir(dir.path()).output().unwrap();
+    let o = run(&["run", "p.yaml", "--store", ""]);
+    assert!(!o.status.success() && text(&o).contains("the store path is empty"), "{}", text(&o));
+    assert!(!dir.path().join("objects").exists(), "the current folder became a store");
+    let o = run(&["run", "p.yaml", "--store", "~/rao-store"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(home.join("rao-store/objects").is_dir(), "`~/` is the home folder");
+    assert!(!dir.path().join("~").exists(), "a folder named `~` was made");
+    std::fs::write(dir.path().join("q.yaml"), "name: q\nstore: ''\nstages:\n  a: {kind: shell, params: {command: 'true'}, outputs: [o]}\n")
+        .unwrap();
+    let o = run(&["run", "q.yaml"]);
+    assert!(!o.status.success() && text(&o).contains("the store path is empty"), "{}", text(&o));
 }
 
 #[test]

@@ -109,7 +109,8 @@ fn secrets_stay_out_of_run_records_and_events() {
         "name: p\nparams: {api_token: placeholder}\nstages:\n  \
          a: {kind: shell, params: {command: 'test ${#T} -eq 20 && echo ok > ${outputs.o}/v', env: {T: '${env.RAO_TEST_TOKEN}'}}, outputs: [o]}\n  \
          b: {kind: shell, params: {command: 'echo \"failing with $MY_API_TOKEN\" >&2; exit 3'}, outputs: [o]}\n  \
-         c: {kind: shell, params: {command: 'curl -H \"auth: ${params.api_token}\" http://127.0.0.1:1/ 2>/dev/null; exit 4'}, outputs: [o]}\n",
+         c: {kind: shell, params: {command: 'curl -H \"auth: ${params.api_token}\" http://127.0.0.1:1/ 2>/dev/null; exit 4'}, outputs: [o]}\n  \
+         d: {kind: shell, params: {command: 'echo ${params.api_token} | wc -c > ${outputs.o}/v', env: {GITHUB_TOKEN: ghp-written-in-the-file}}, outputs: [o]}\n",
     )
     .unwrap();
     let cache = dir.path().join("cache");
@@ -140,6 +141,27 @@ fn secrets_stay_out_of_run_records_and_events() {
         assert!(!cached.contains(secret), "{secret} in the plan cache");
     }
     assert!(records.contains("params.api_token=<redacted>"), "{records}");
+    // Nor does anything else in the store: d succeeded, and its index entry (what `rao plan`
+    // explains a change with) holds its params, the token pasted into its command included.
+    let mut stored = String::new();
+    for e in walk(&dir.path().join(".rao/store")) {
+        stored.push_str(&String::from_utf8_lossy(&std::fs::read(e).unwrap()));
+    }
+    assert!(stored.contains("wc -c"), "d's index entry is there");
+    for secret in ["hunter2-secret-value", "leaky-credential-42", "tok-from-the-command-line", "ghp-written-in-the-file"] {
+        assert!(!stored.contains(secret), "{secret} in the store");
+    }
+    let plan = Command::new(env!("CARGO_BIN_EXE_rao"))
+        .args(["plan", "p.yaml", "--set", "params.api_token=another-token-value", "--set", "stages.d.params.env.GITHUB_TOKEN=ghp-other"])
+        .env("RAO_CACHE_DIR", &cache)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let plan = text(&plan);
+    for secret in ["tok-from-the-command-line", "another-token-value", "ghp-written-in-the-file", "ghp-other"] {
+        assert!(!plan.contains(secret), "{secret} in the plan: {plan}");
+    }
+    assert!(plan.contains("a credential-looking param changed"), "{plan}");
     // The env placeholder is what the fingerprint sees: a new token value is no cache miss.
     let again = Command::new(env!("CARGO_BIN_EXE_rao"))
         .args(["status", "p.yaml"])

@@ -464,7 +464,8 @@ fn parse_min_age(text: &str) -> Result<std::time::Duration, String> {
 /// A store given on the command line: a relative path is taken from the current directory,
 /// as every command-line tool does (a `store:` in the file is relative to the file).
 fn cli_store_url(s: &str) -> anyhow::Result<String> {
-    if s.contains("://") || std::path::Path::new(s).is_absolute() {
+    // An empty or `~` path is left to the store, which refuses or expands it.
+    if s.contains("://") || std::path::Path::new(s).is_absolute() || s.trim().is_empty() || s.starts_with('~') {
         return Ok(s.to_string());
     }
     Ok(std::env::current_dir()?.join(s).display().to_string())
@@ -476,12 +477,18 @@ fn compile(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<Compiled> {
     rao_pipeline::load_cached(&p.pipeline, &p.set, registry, cache.as_ref()).map_err(|d| anyhow::anyhow!("{d}"))
 }
 
+/// Warn of `params.…` entries, in `--set` or a variant's `set:`, that no stage reads.
+fn warn_unused_params(c: &Compiled, p: &PipelineArgs) {
+    let variant = format!("`set:` of {}:", p.pipeline.display());
+    for w in c.resolved.unused_params(&c.variant_sets, &variant).into_iter().chain(c.resolved.unused_params(&p.set, "--set")) {
+        eprintln!("warning: {w}");
+    }
+}
+
 /// Compile a pipeline and open its store (`read_only`: a missing local store is not created).
 fn load_with(p: &PipelineArgs, registry: &Registry, read_only: bool) -> anyhow::Result<(Compiled, Store)> {
     let mut c = compile(p, registry)?;
-    for w in c.resolved.unused_params(&p.set) {
-        eprintln!("warning: {w}");
-    }
+    warn_unused_params(&c, p);
     if let Some(s) = &p.store {
         c.store_url = cli_store_url(s)?;
     }
@@ -557,10 +564,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Validate { p } => {
             let c = compile(&p, &registry)?;
-            for w in c.resolved.unused_params(&p.set) {
-                eprintln!("warning: {w}");
-            }
-            println!("{}: ok ({} stage instances, {} loops)", p.pipeline.display(), c.instances.len(), c.loops.len());
+            warn_unused_params(&c, &p);
+            let count = |n: usize, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
+            println!("{}: ok ({}, {})", p.pipeline.display(), count(c.instances.len(), "stage instance"), count(c.loops.len(), "loop"));
         }
         Command::Plan { p, format, folded } => {
             let (c, store) = load_read_only(&p, &registry)?;
@@ -735,6 +741,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 eprintln!("{name}: not in the store {given} ({why}); `{}` produces it", run_command(&again));
             }
             let rows: Vec<_> = res.evaluations.iter().flat_map(|e| e.rows.iter().cloned()).collect();
+            if rows.is_empty() && res.run.is_none() && c.instances.iter().any(|i| i.kind == "evaluate") {
+                anyhow::bail!(
+                    "nothing to report: no run and no evaluation of pipeline `{}` with seed {} is in the store; `{}` produces them",
+                    c.name,
+                    res.seed,
+                    run_command(&again)
+                );
+            }
             print!("{}", rao_results::text::eval_table(&rows));
             match &res.run {
                 Some(r) => println!(
@@ -747,7 +761,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 ),
                 None => println!("pipeline {} · seed {} · no run record names these results", c.name, res.seed),
             }
-            println!("report: {}", write_report(&store, &res, html.as_deref()).await?);
+            match write_report(&store, &res, html.as_deref()).await {
+                Ok(at) => println!("report: {at}"),
+                // The table is out; a store this user may only read has no room for the page.
+                Err(e) if html.is_none() => {
+                    eprintln!("warning: the HTML report was not written into the store ({e:#}); `--html FILE` writes it elsewhere")
+                }
+                Err(e) => return Err(e),
+            }
             if let (false, Some(r)) = (track.is_empty(), &res.run) {
                 let targets = track
                     .iter()

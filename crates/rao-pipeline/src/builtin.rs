@@ -88,24 +88,26 @@ fn env_name(prefix: &str, name: &str) -> String {
 
 async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
     let p: ShellParams = ctx.params_as()?;
-    let mut command = p.command.clone();
     let sh = if p.env.contains_key("PATH") { Path::new("sh") } else { crate::local_file::shell() };
     let mut cmd = tokio::process::Command::new(sh);
+    // Paths are quoted for where they stand in the command (`shell_words`), in one pass: a path
+    // that happens to hold `${…}` is not filled in again.
+    let mut values = std::collections::BTreeMap::new();
     for (name, artifacts) in &ctx.inputs {
         let mut dirs = Vec::new();
         for a in artifacts {
             dirs.push(ctx.input_dir(a).await?.display().to_string());
         }
-        let joined = dirs.join(" ");
-        command = command.replace(&format!("${{inputs.{name}}}"), &joined);
-        cmd.env(env_name("RAO_IN_", name), &joined);
+        cmd.env(env_name("RAO_IN_", name), dirs.join(" "));
+        values.insert(format!("inputs.{name}"), dirs);
     }
     for name in &ctx.outputs {
         let dir = ctx.output_dir(name)?.display().to_string();
-        command = command.replace(&format!("${{outputs.{name}}}"), &dir);
         cmd.env(env_name("RAO_OUT_", name), &dir);
+        values.insert(format!("outputs.{name}"), vec![dir]);
     }
-    command = command.replace("${seed}", &ctx.seed.to_string());
+    values.insert("seed".into(), vec![ctx.seed.to_string()]);
+    let command = crate::shell_words::fill(&p.command, &values);
     cmd.arg("-c")
         .arg(&command)
         .current_dir(&ctx.base_dir)

@@ -128,7 +128,12 @@ pub struct Compiled {
     pub store_url: String,
     /// The file's default executor (`executor:` at the top level), if any.
     pub executor: Option<crate::spec::ExecutorSpec>,
+    /// The command line's `--set` entries.
     pub overrides: Vec<String>,
+    /// What a variant's `set:` entries (and `name`) change in the file it extends; empty for a
+    /// pipeline that extends nothing.
+    #[serde(default)]
+    pub variant_sets: Vec<String>,
     /// The pipeline as resolved (after `--set`), for run records and reports.
     pub resolved: crate::resolved::ResolvedPipeline,
     pub instances: Vec<Instance>,
@@ -196,8 +201,7 @@ pub fn load_cached(path: &Path, overrides: &[String], registry: &Registry, cache
         source: String::new(),
         items: vec![Diagnostic::new(Pos::NONE, m)],
     })?;
-    let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }).unwrap_or(Path::new("."));
-    let base = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
+    let base = folder_of(path);
     crate::secrets::remember_given(overrides);
     // A credential given with `--set` is not written to the cache folder (a file's own values
     // are on disk already).
@@ -208,14 +212,25 @@ pub fn load_cached(path: &Path, overrides: &[String], registry: &Registry, cache
         return Ok(hit);
     }
     let (label, text, mut all_overrides) = resolve_variant(path, label, text, 0)?;
+    let variant_sets = all_overrides.clone();
     all_overrides.extend_from_slice(overrides);
+    // Relative paths (store, deps, a shell's working folder) mean what they mean in the file that
+    // has the stages: a variant kept in another folder shares its base's store.
+    let base = folder_of(Path::new(&label));
     let mut c = compile_str(&label, &text, &base, &all_overrides, registry)?;
     c.file = path.to_path_buf();
     c.overrides = overrides.to_vec();
+    c.variant_sets = variant_sets;
     if let Some((cache, key)) = &cached {
         cache.put(key, &c);
     }
     Ok(c)
+}
+
+/// The folder a pipeline file's relative paths are resolved against: its own (canonical).
+fn folder_of(path: &Path) -> PathBuf {
+    let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }).unwrap_or(Path::new("."));
+    dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf())
 }
 
 /// Whether a file's text can name `extends` (not even spelt with a YAML escape); one that
@@ -317,6 +332,7 @@ pub fn compile_str(label: &str, text: &str, base_dir: &Path, overrides: &[String
         store_url: spec.store.as_ref().map(|s| s.value.clone()).unwrap_or_else(|| DEFAULT_STORE.to_string()),
         executor: spec.executor.clone(),
         overrides: overrides.to_vec(),
+        variant_sets: Vec::new(),
         resolved: crate::resolved::ResolvedPipeline::new(serde_json::to_value(&spec).unwrap_or(Value::Null)),
         instances,
         loops,

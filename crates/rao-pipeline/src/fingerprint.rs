@@ -106,7 +106,15 @@ impl FpParts {
         .fingerprint()
     }
 
+    /// A copy to write down (the status index): values of credential-looking params read
+    /// `<redacted>`, as in run records. Explains a change; cannot be hashed back to the fingerprint.
+    pub fn redacted(&self) -> FpParts {
+        FpParts { params: crate::secrets::redacted_value(&self.params), ..self.clone() }
+    }
+
     /// Why `self` (new) differs from `old`: "params.lr changed 0.1 → 0.2", "input tasks changed", …
+    /// Credential-looking values are compared and shown redacted on both sides (an index written
+    /// by an older rao may hold them in clear).
     pub fn explain_change(&self, old: &FpParts) -> Vec<String> {
         let mut why = Vec::new();
         if self.kind != old.kind || self.kind_version != old.kind_version {
@@ -117,7 +125,10 @@ impl FpParts {
         if self.machine != old.machine {
             why.push(format!("machine profile changed: {} → {}", short_text(&old.machine), short_text(&self.machine)));
         }
-        diff_values("params", &old.params, &self.params, &mut why);
+        let (old_params, new_params) = (crate::secrets::redacted_value(&old.params), crate::secrets::redacted_value(&self.params));
+        diff_values("params", &old_params, &new_params, &mut why);
+        // Nothing else differs and a value was redacted: that value is what changed.
+        let redacted_any = new_params != self.params;
         if self.seed != old.seed {
             why.push("seed changed".into());
         }
@@ -129,6 +140,9 @@ impl FpParts {
             if self.inputs.get(n) != old.inputs.get(n) {
                 why.push(format!("input {n} changed"));
             }
+        }
+        if why.is_empty() && redacted_any {
+            why.push("a credential-looking param changed (rao does not store their values)".into());
         }
         if why.is_empty() {
             why.push("fingerprint changed".into());

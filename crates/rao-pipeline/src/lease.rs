@@ -54,9 +54,20 @@ pub fn recorded_process_is_gone(host: &str, pid_space: &str, pid: u32) -> bool {
     host == host_name() && (pid_space.is_empty() || pid_space == self::pid_space()) && process_is_gone(pid)
 }
 
-/// Whether process `pid` of this machine is gone (unknown: `false`).
+/// Whether process `pid` of this machine is gone (unknown: `false`). A zombie is gone: it has
+/// exited and only waits to be reaped, which in a container whose first process never reaps can
+/// be forever.
 pub fn process_is_gone(pid: u32) -> bool {
-    cfg!(target_os = "linux") && std::path::Path::new("/proc/self").exists() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    if !cfg!(target_os = "linux") || !std::path::Path::new("/proc/self").exists() {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `PID (COMM) STATE …`: the command may hold spaces and parentheses, the state follows the last `)`.
+        Ok(stat) => {
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()).is_some_and(|state| matches!(state, 'Z' | 'X'))
+        }
+        Err(_) => !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+    }
 }
 
 /// What a lease object says.
@@ -232,5 +243,23 @@ mod tests {
         assert!(!lease("pid:[1]").lapsed(), "a container sharing the host name is not this one");
         assert!(lease(pid_space()).lapsed(), "a process of this namespace that is gone");
         assert!(lease("").lapsed(), "an older lease, without a namespace: by host name as before");
+    }
+
+    #[test]
+    fn a_holder_that_exited_but_was_never_reaped_is_gone() {
+        if !cfg!(target_os = "linux") {
+            return;
+        }
+        let mut child = std::process::Command::new("sh").args(["-c", "exit 0"]).spawn().unwrap();
+        let pid = child.id();
+        // Not waited for: once it has exited it is a zombie, still listed under /proc.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !process_is_gone(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "still listed: a zombie");
+        assert!(process_is_gone(pid), "an exited, unreaped process counts as gone");
+        child.wait().unwrap();
+        assert!(!process_is_gone(std::process::id()), "this process is alive");
     }
 }

@@ -36,6 +36,7 @@ pub mod run_record;
 pub mod scheduler;
 pub mod schema;
 pub mod secrets;
+mod shell_words;
 pub mod snapshot;
 pub mod spec;
 pub mod store;

@@ -109,7 +109,8 @@ fn set_param(params: &mut OrderedMap<Sp<Value>>, path: &[&str], value: Value) ->
 /// `${params.…}` above it appears in any stage of `resolved` (the pipeline after overrides), so
 /// the override changes nothing. Returns a warning per such override (naming the path, never the
 /// value: it may be a secret).
-pub fn unused_params(resolved: &Value, overrides: &[String]) -> Vec<String> {
+/// `via` names where the overrides were given (`--set`, or a variant's `set:`).
+pub fn unused_params(resolved: &Value, overrides: &[String], via: &str) -> Vec<String> {
     let mut refs = Vec::new();
     collect_refs(&resolved["stages"], &mut refs);
     overrides
@@ -123,7 +124,7 @@ pub fn unused_params(resolved: &Value, overrides: &[String]) -> Vec<String> {
                 let n = r.len().min(parts.len());
                 r[..n] == parts[..n]
             });
-            (!used).then(|| format!("--set params.{path}: no stage reads `${{params.{path}}}`, so it changes nothing"))
+            (!used).then(|| format!("{via} params.{path}: no stage reads `${{params.{path}}}`, so it changes nothing"))
         })
         .collect()
 }
@@ -152,7 +153,7 @@ mod tests {
         let resolved = json!({"params": {"window": 96, "limits": {"depth": 2}, "lr": 0.1},
             "stages": {"a": {"params": {"w": "${params.window}", "l": "${params.limits}", "loop": {"stages": {"b": {"params": {"x": "id ${params.lr}"}}}}}}}});
         let sets = ["params.window=64", "params.limits.depth=3", "params.lr=0.2", "params.unused=1", "seed=2"].map(String::from);
-        let w = super::unused_params(&resolved, &sets);
+        let w = super::unused_params(&resolved, &sets, "--set");
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].starts_with("--set params.unused: no stage reads `${params.unused}`"), "{w:?}");
     }

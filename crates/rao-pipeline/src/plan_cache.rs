@@ -21,8 +21,12 @@ use std::path::{Path, PathBuf};
 use crate::compile::Compiled;
 use crate::kind::Registry;
 
-/// Entries kept; the oldest beyond this are removed when one is written.
+/// Entries kept; the oldest beyond this, or beyond `MAX_TOTAL_BYTES` together, are removed when
+/// one is written.
 const MAX_ENTRIES: usize = 128;
+const MAX_TOTAL_BYTES: u64 = 256 << 20;
+/// A plan larger than this is not written: reading it back would save little over compiling.
+const MAX_WRITTEN_BYTES: usize = 64 << 20;
 /// Entries larger than this are not read (rao writes them; the bound keeps a damaged one harmless).
 const MAX_ENTRY_BYTES: u64 = 512 << 20;
 /// Bumped when the entry format changes (the executable's identity covers code changes).
@@ -103,6 +107,9 @@ impl PlanCache {
     pub(crate) fn put(&self, key: &str, plan: &Compiled) {
         // Named fields: the spec types skip empty optional fields, which positional encoding cannot.
         let Ok(bytes) = rmp_serde::to_vec_named(plan) else { return };
+        if bytes.len() > MAX_WRITTEN_BYTES {
+            return;
+        }
         if std::fs::create_dir_all(&self.dir).is_err() {
             return;
         }
@@ -114,20 +121,24 @@ impl PlanCache {
         self.prune();
     }
 
-    /// Remove the oldest entries beyond `MAX_ENTRIES`.
+    /// Remove the oldest entries beyond `MAX_ENTRIES` or `MAX_TOTAL_BYTES` (the newest is kept).
     fn prune(&self) {
         let Ok(read) = std::fs::read_dir(&self.dir) else { return };
-        let mut entries: Vec<(std::time::SystemTime, PathBuf)> = read
+        let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = read
             .flatten()
             .filter(|e| e.file_name().to_string_lossy().ends_with(".msgpack"))
-            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .filter_map(|e| {
+                let meta = e.metadata().ok()?;
+                Some((meta.modified().ok()?, meta.len(), e.path()))
+            })
             .collect();
-        if entries.len() <= MAX_ENTRIES {
-            return;
-        }
-        entries.sort();
-        for (_, p) in &entries[..entries.len() - MAX_ENTRIES] {
-            let _ = std::fs::remove_file(p);
+        entries.sort_by_key(|e| std::cmp::Reverse(e.0));
+        let mut total = 0u64;
+        for (k, (_, len, p)) in entries.iter().enumerate() {
+            total += len;
+            if k > 0 && (k >= MAX_ENTRIES || total > MAX_TOTAL_BYTES) {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 }
@@ -142,4 +153,26 @@ fn executable_identity() -> Option<String> {
     #[cfg(not(unix))]
     let inode = 0u64;
     Some(format!("{}\0{}\0{}\0{}", exe.display(), meta.len(), modified.as_nanos(), inode))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_entries_go_once_the_cache_holds_more_than_its_byte_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = std::time::SystemTime::now() - std::time::Duration::from_secs(100);
+        for k in 0..4u64 {
+            // Sparse files: sizes without writing the bytes.
+            let f = std::fs::File::create(dir.path().join(format!("e{k}.msgpack"))).unwrap();
+            f.set_len(100 << 20).unwrap();
+            f.set_modified(start + std::time::Duration::from_secs(k)).unwrap();
+        }
+        PlanCache::new(dir.path()).prune();
+        let mut left: Vec<String> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["e2.msgpack", "e3.msgpack"], "the two newest fit in {MAX_TOTAL_BYTES} bytes");
+    }
 }

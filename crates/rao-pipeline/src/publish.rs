@@ -147,7 +147,9 @@ pub async fn publish(
         let theirs = manifest::read(store, &job.fingerprint).await?.done().ok_or_else(|| anyhow::anyhow!("manifest vanished"))?;
         return Ok(Published { manifest: theirs, ours: false });
     }
-    store.put_json(&index_key(&c.name, &inst.name), &IndexEntry { fingerprint: job.fingerprint.clone(), parts: job.parts.clone() }).await?;
+    store
+        .put_json(&index_key(&c.name, &inst.name), &IndexEntry { fingerprint: job.fingerprint.clone(), parts: job.parts.redacted() })
+        .await?;
     Ok(Published { manifest, ours: true })
 }
 

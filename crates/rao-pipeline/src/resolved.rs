@@ -47,11 +47,11 @@ impl ResolvedPipeline {
 
     /// Warnings for `--set params.…` overrides that no stage reads ([`crate::overrides::unused_params`]);
     /// without such overrides the value is not decoded.
-    pub fn unused_params(&self, overrides: &[String]) -> Vec<String> {
+    pub fn unused_params(&self, overrides: &[String], via: &str) -> Vec<String> {
         if !overrides.iter().any(|o| o.starts_with("params.")) {
             return Vec::new();
         }
-        crate::overrides::unused_params(self.value(), overrides)
+        crate::overrides::unused_params(self.value(), overrides, via)
     }
 
     /// What a run record writes: the redacted pipeline, as JSON. The text is checked here, once

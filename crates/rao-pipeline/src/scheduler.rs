@@ -92,6 +92,14 @@ pub async fn run(c: Arc<Compiled>, executor: Arc<dyn Executor>, store: &Store, o
 }
 
 /// The state of one run.
+/// Why a selected instance cannot run: its input `input` is neither done nor selected, because
+/// `first` (the input itself, or an instance above it) is not.
+#[derive(Clone)]
+struct MissingInput {
+    input: String,
+    first: String,
+}
+
 struct Scheduler {
     c: Arc<Compiled>,
     executor: Arc<dyn Executor>,
@@ -110,11 +118,13 @@ struct Scheduler {
     upstream_failed: Vec<Option<String>>,
     /// An instance upstream that is neither done nor selected (`--only`/`--from`): a selected
     /// instance below it cannot run, which fails the run; one that is not selected is skipped.
-    missing_input: Vec<Option<String>>,
+    missing_input: Vec<Option<MissingInput>>,
     settled: Vec<bool>,
     manifests: Vec<Option<Manifest>>,
     fps: Vec<Option<String>>,
     loop_exit: Vec<Option<u32>>,
+    /// Loops whose stop metric was found missing from a finished instance (said once each).
+    stop_metric_missing: Vec<bool>,
     ready: BinaryHeap<Reverse<(usize, usize)>>,
     /// Ready but waiting for CPU or GPU slots.
     deferred: Vec<usize>,
@@ -213,6 +223,7 @@ impl Scheduler {
             manifests: vec![None; n],
             fps: vec![None; n],
             loop_exit: vec![None; c.loops.len()],
+            stop_metric_missing: vec![false; c.loops.len()],
             ready,
             deferred: Vec::new(),
             cpu_free: jobs,
@@ -309,10 +320,12 @@ impl Scheduler {
         }
     }
 
-    /// Tell the instances below `i` that `input` (not done, not selected) is missing.
-    fn pass_missing(&mut self, i: usize, input: &str) {
+    /// Tell the instances below `i` (not done, not selected) that their input `i` is missing,
+    /// because `first` (`i` itself or an instance above it) is.
+    fn pass_missing(&mut self, i: usize, first: &str) {
+        let input = self.c.instances[i].name.clone();
         for s in self.c.successors(i).collect::<Vec<_>>() {
-            self.missing_input[s].get_or_insert_with(|| input.to_string());
+            self.missing_input[s].get_or_insert_with(|| MissingInput { input: input.clone(), first: first.to_string() });
         }
     }
 
@@ -350,14 +363,21 @@ impl Scheduler {
             }
             let c = self.c.clone();
             let inst = &c.instances[i];
-            if let Some(input) = self.missing_input[i].clone() {
+            if let Some(missing) = self.missing_input[i].clone() {
                 if self.selected[i] {
-                    let why = format!("its input `{input}` is not done and not selected: run it first, or use --from {input}");
+                    let MissingInput { input, first } = &missing;
+                    let why = if input == first {
+                        format!("its input `{input}` is not done and not selected: run it first, or use --from {first}")
+                    } else {
+                        format!(
+                            "its input `{input}` is not done and not selected, nor is `{first}` above it: run them first, or use --from {first}"
+                        )
+                    };
                     self.mark(i, InstanceStatus::Failed, Some(why.clone()));
                     self.emit(Event::Failed { instance: inst.name.clone(), error: why });
                     self.settle(i, Some(format!("upstream `{}` did not finish", inst.name)));
                 } else {
-                    self.pass_missing(i, &input);
+                    self.pass_missing(i, &missing.first);
                     self.skip_unselected(i);
                 }
                 continue;
@@ -630,8 +650,21 @@ impl Scheduler {
     fn on_loop_progress(&mut self, i: usize) {
         if let Some((l, _)) = self.c.instances[i].iteration
             && self.loop_exit[l].is_none()
-            && self.c.loops[l].stop.as_ref().is_some_and(|s| s.stage == self.c.instances[i].stage)
+            && let Some(stop) = self.c.loops[l].stop.as_ref().filter(|s| s.stage == self.c.instances[i].stage)
         {
+            // A misspelt metric reads as "not met" forever: say so where it shows, once.
+            if let Some(m) = &self.manifests[i]
+                && !m.metrics.contains_key(&stop.metric)
+                && !std::mem::replace(&mut self.stop_metric_missing[l], true)
+            {
+                let known: Vec<&str> = m.metrics.keys().map(String::as_str).collect();
+                let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+                let message = format!(
+                    "warning: loop `{}` stops on `{}.{}`, which `{}` does not report (it reports: {known}); the loop runs all {} iterations — fix `stop_when.metric`",
+                    self.c.loops[l].name, stop.stage, stop.metric, stop.stage, self.c.loops[l].max_iterations
+                );
+                self.emit(Event::Note { instance: self.c.instances[i].name.clone(), message });
+            }
             self.loop_exit[l] = self.c.loops[l].exit_iteration(metric_reader(&self.c, &self.manifests, l));
         }
     }

@@ -57,9 +57,14 @@ pub fn remember_given(overrides: &[String]) {
 /// `text` with the value of every credential-looking environment variable and `--set` entry (at
 /// least 4 characters long) replaced by `***`.
 pub fn redact(text: &str) -> String {
-    let mut out = text.to_string();
     let mut values: Vec<String> = std::env::vars().filter(|(k, v)| looks_secret(k) && v.len() >= 4).map(|(_, v)| v).collect();
     values.extend(GIVEN.read().unwrap_or_else(|e| e.into_inner()).iter().cloned());
+    replace_all(text, values)
+}
+
+/// `text` with each of `values` replaced by `***`.
+fn replace_all(text: &str, mut values: Vec<String>) -> String {
+    let mut out = text.to_string();
     // Longest first, so a value that contains another is replaced whole.
     values.sort_by_key(|v| std::cmp::Reverse(v.len()));
     for v in values {
@@ -104,6 +109,16 @@ fn fill_env_str(s: &str) -> Result<String, String> {
 /// like credentials, and values that hold no secret (an `${env.…}` placeholder, an object, null).
 fn keeps(key: &str, v: &Value) -> bool {
     !looks_secret(key) || matches!(v, Value::String(s) if s.starts_with("${env.")) || v.is_object() || v.is_null()
+}
+
+/// `v` to be written down: values of credential-looking keys `<redacted>` (see [`Redacted`]),
+/// and credentials given with `--set` inside other strings (a token pasted into a command by
+/// `${params.api_token}`) `***`. (Params hold `${env.…}` placeholders, never the values.)
+pub fn redacted_value(v: &Value) -> Value {
+    let by_key = serde_json::to_value(Redacted(v)).unwrap_or(Value::Null);
+    let text = by_key.to_string();
+    let hidden = replace_all(&text, GIVEN.read().unwrap_or_else(|e| e.into_inner()).clone());
+    if hidden == text { by_key } else { serde_json::from_str(&hidden).unwrap_or(by_key) }
 }
 
 /// Serialises a resolved pipeline for records: params whose key looks like a credential are

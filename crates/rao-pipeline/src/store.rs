@@ -119,10 +119,7 @@ impl Store {
             Some(other) => {
                 Err(err(format!("unknown store scheme `{other}://`; use a local path, file://, memory://, s3://, gs:// or az://")))
             }
-            None => {
-                let path = if FsPath::new(url).is_absolute() { PathBuf::from(url) } else { base_dir.join(url) };
-                Self::open_local(url, &path, access)
-            }
+            None => Self::open_local(url, &local_store_path(url, base_dir).map_err(err)?, access),
         }
     }
 
@@ -324,6 +321,26 @@ impl Store {
             Err(e) => Err(StoreError::object(key, e)),
         }
     }
+}
+
+/// The folder a store given as a path names: relative to the pipeline file's folder, `~/` the
+/// home folder as a shell would read it. An empty path (an unset `$STORE`) would make the current
+/// folder a store, and `~user` is not expanded: both are refused.
+fn local_store_path(path: &str, base_dir: &FsPath) -> Result<PathBuf, String> {
+    if path.trim().is_empty() {
+        return Err("the store path is empty (an unset variable?): give a folder or a URL, e.g. `.rao/store`".into());
+    }
+    let path = if path == "~" || path.starts_with("~/") {
+        let home = std::env::var_os("HOME")
+            .filter(|h| !h.is_empty())
+            .ok_or("`~` names the home folder, but HOME is not set: give the full path")?;
+        PathBuf::from(home).join(path.trim_start_matches('~').trim_start_matches('/'))
+    } else if path.starts_with('~') {
+        return Err("`~user` is not expanded: give the full path of the folder".into());
+    } else {
+        PathBuf::from(path)
+    };
+    Ok(if path.is_absolute() { path } else { base_dir.join(path) })
 }
 
 /// Schemes served by a cloud object store (credentials from the environment).

@@ -335,6 +335,45 @@ stages:
     assert_eq!(status_of(&r, "look@7"), &InstanceStatus::Skipped);
 }
 
+#[tokio::test]
+async fn a_stop_metric_the_stage_does_not_report_is_said_once_and_the_loop_runs_to_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store").to_str().unwrap(), dir.path()).unwrap();
+    let text = "\
+name: x
+stages:
+  seed: {kind: shell, params: {command: 'echo 1 > ${outputs.o}/n'}, outputs: [o]}
+  grow:
+    loop:
+      max_iterations: 3
+      init: {state: seed.o}
+      carry: {state: step.o}
+      stop_when: {metric: step.line, above: 1}
+    stages:
+      step: {kind: counting, inputs: {prev: loop.state}}
+";
+    let mut registry = Registry::with_builtins();
+    registry.register(Arc::new(Counting));
+    let c = Arc::new(compile_str("p.yaml", text, dir.path(), &[], &registry).unwrap_or_else(|d| panic!("{d}")));
+    let exec = Arc::new(InProcess { registry: Arc::new(registry.clone()), store: store.clone(), reporter: Reporter::silent() });
+    let notes = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = notes.clone();
+    let reporter = Reporter::new(move |e| {
+        if let rao_pipeline::events::Event::Note { message, .. } = e {
+            seen.lock().unwrap().push(message.clone());
+        }
+    });
+    let r = rao_pipeline::run(c, exec, &store, RunOptions { reporter, ..RunOptions::default() }).await.unwrap();
+    assert_eq!(r.status, RunStatus::Succeeded);
+    assert_eq!(status_of(&r, "step@3"), &InstanceStatus::Done, "a metric never reported never stops the loop");
+    let notes = notes.lock().unwrap();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("`step.line`") && notes[0].contains("it reports: lines") && notes[0].contains("all 3 iterations"),
+        "{notes:?}"
+    );
+}
+
 /// Appends a line to its input file and reports the line count as metric `lines`.
 struct Counting;
 impl rao_pipeline::StageKind for Counting {
