@@ -294,6 +294,29 @@ fn report_follows_the_overrides_it_is_given() {
     assert!(!String::from_utf8_lossy(&o.stdout).contains("expert "), "{}", text(&o));
     assert!(text(&o).contains("not in the store for this pipeline as given"), "{}", text(&o));
     assert!(!o.status.success() && text(&o).contains("nothing to report"), "{}", text(&o));
+    // `--html -`: the page alone on stdout, the table on stderr.
+    let o = rao(&["report", "w.yaml", "--html", "-"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("<!doctype html>"), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("expert "), "{}", text(&o));
+    assert!(!dir.path().join("-").exists());
+    // A seed in --set beside --seeds would be overridden without a word.
+    let o = rao(&["compare", "w.yaml", "--set", "seed=2", "--seeds", "1"], dir.path());
+    assert!(!o.status.success() && text(&o).contains("both set the seed"), "{}", text(&o));
+}
+
+#[test]
+fn validate_refuses_an_empty_store_and_a_tracker_that_is_no_url_at_their_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("t.yaml"),
+        "name: t\nstore: ''\ntracking:\n  mlflow: ftp://x\nstages:\n  a: {kind: shell, params: {command: 'true'}, outputs: [o]}\n",
+    )
+    .unwrap();
+    let o = rao(&["validate", "t.yaml"], dir.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("t.yaml:2:8") && text(&o).contains("the store path is empty"), "{}", text(&o));
+    assert!(text(&o).contains("t.yaml:4:11") && text(&o).contains("is not an MLflow server URL"), "{}", text(&o));
 }
 
 #[test]

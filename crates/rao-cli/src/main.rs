@@ -258,7 +258,8 @@ enum Command {
         /// it, the evaluations of the file as given now are read from the store by fingerprint.
         #[arg(long)]
         run: Option<String>,
-        /// Write the HTML page here (default: `reports/PIPELINE/RUN.html` in the store).
+        /// Write the HTML page here (default: `reports/PIPELINE/RUN.html` in the store; `-`: to
+        /// stdout, the table then goes to stderr).
         #[arg(long, value_name = "PATH")]
         html: Option<PathBuf>,
         /// Also export this run to a tracker: an MLflow server URL or `tensorboard:DIR`.
@@ -749,25 +750,32 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     run_command(&again)
                 );
             }
-            print!("{}", rao_results::text::eval_table(&rows));
-            match &res.run {
-                Some(r) => println!(
-                    "pipeline {} · seed {} · run {} ({}) · {}",
+            let mut table = rao_results::text::eval_table(&rows);
+            table += &match &res.run {
+                Some(r) => format!(
+                    "pipeline {} · seed {} · run {} ({}) · {}\n",
                     c.name,
                     res.seed,
                     r.run_id,
                     r.status,
                     rao_results::html::utc(r.started_at)
                 ),
-                None => println!("pipeline {} · seed {} · no run record names these results", c.name, res.seed),
-            }
-            match write_report(&store, &res, html.as_deref()).await {
-                Ok(at) => println!("report: {at}"),
-                // The table is out; a store this user may only read has no room for the page.
-                Err(e) if html.is_none() => {
-                    eprintln!("warning: the HTML report was not written into the store ({e:#}); `--html FILE` writes it elsewhere")
+                None => format!("pipeline {} · seed {} · no run record names these results\n", c.name, res.seed),
+            };
+            // `--html -`: the page on stdout (for a pipe), the table beside it on stderr.
+            if html.as_deref() == Some(std::path::Path::new("-")) {
+                eprint!("{table}");
+                print!("{}", rao_results::html::page(&res));
+            } else {
+                print!("{table}");
+                match write_report(&store, &res, html.as_deref()).await {
+                    Ok(at) => println!("report: {at}"),
+                    // The table is out; a store this user may only read has no room for the page.
+                    Err(e) if html.is_none() => {
+                        eprintln!("warning: the HTML report was not written into the store ({e:#}); `--html FILE` writes it elsewhere")
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
             if let (false, Some(r)) = (track.is_empty(), &res.run) {
                 let targets = track
@@ -781,6 +789,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             // A seed given twice would count one run as two independent ones.
             if let Some(seed) = seeds.iter().enumerate().find_map(|(i, s)| seeds[..i].contains(s).then_some(s)) {
                 anyhow::bail!("--seeds: seed {seed} is given twice; each seed counts once (e.g. `--seeds 1,2,3`)");
+            }
+            if !seeds.is_empty()
+                && let Some(o) = set.iter().find(|o| o.split_once('=').is_some_and(|(k, _)| k.trim() == "seed"))
+            {
+                anyhow::bail!("`--set {o}` and `--seeds` both set the seed (--seeds would win): give the seeds with --seeds only");
             }
             let metrics = match metric.is_empty() {
                 true => rao_results::compare::Metric::ALL.to_vec(),

@@ -24,8 +24,9 @@ pub fn valid_name(n: &str) -> bool {
     !n.is_empty() && n.len() <= MAX_NAME_LEN && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
-fn name_help() -> String {
-    format!("use letters, digits, `_` and `-` (at most {MAX_NAME_LEN} characters)")
+/// What [`valid_name`] takes, as help.
+pub fn name_help() -> String {
+    format!("use ASCII letters and digits, `_` and `-` (at most {MAX_NAME_LEN} characters)")
 }
 
 pub struct Checker<'l, 'a> {
@@ -52,6 +53,19 @@ impl Checker<'_, '_> {
         }
         if spec.stages.is_empty() {
             self.err(spec.name.pos, "the pipeline has no stages", "add at least one stage under `stages:`");
+        }
+        if let Some(store) = &spec.store
+            && store.value.trim().is_empty()
+        {
+            self.err(store.pos, "the store path is empty", "give a folder or a URL, e.g. `.rao/store` (or leave `store:` out)");
+        }
+        if let Some(t) = &spec.tracking {
+            if let Some(url) = t.mlflow.as_ref().filter(|u| !(u.value.starts_with("http://") || u.value.starts_with("https://"))) {
+                self.err(url.pos, "`tracking.mlflow` is not an MLflow server URL", "e.g. `http://127.0.0.1:5000` (http:// or https://)");
+            }
+            if let Some(dir) = t.tensorboard.as_ref().filter(|d| d.value.trim().is_empty()) {
+                self.err(dir.pos, "`tracking.tensorboard` is empty", "give the log folder, e.g. `runs/tb`");
+            }
         }
         self.check_names();
         let lowered = self.lowered;

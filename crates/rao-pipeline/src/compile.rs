@@ -274,10 +274,7 @@ fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Re
     }
     if !crate::check::valid_name(&v.name.value) {
         let shown: String = v.name.value.chars().take(40).collect();
-        return Err(fail(vec![
-            Diagnostic::new(v.name.pos, format!("invalid pipeline name `{shown}`"))
-                .help(format!("use letters, digits, `_` and `-` (at most {} characters)", crate::layout::MAX_NAME_LEN)),
-        ]));
+        return Err(fail(vec![Diagnostic::new(v.name.pos, format!("invalid pipeline name `{shown}`")).help(crate::check::name_help())]));
     }
     let base_path = path.parent().unwrap_or(Path::new(".")).join(&v.extends.value);
     let base_text = read_pipeline_text(&base_path).map_err(|m| {

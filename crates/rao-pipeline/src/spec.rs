@@ -372,15 +372,15 @@ pub enum ExecutorKind {
 }
 
 /// Trackers a run is exported to: its metrics per iteration, evaluations, parameters and report.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TrackingSpec {
     /// A TensorBoard log directory (relative to the pipeline file): `tensorboard --logdir DIR`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tensorboard: Option<String>,
+    pub tensorboard: Option<Sp<String>>,
     /// An MLflow tracking server, e.g. `http://127.0.0.1:5000`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mlflow: Option<String>,
+    pub mlflow: Option<Sp<String>>,
     /// The MLflow experiment (default: the pipeline's name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experiment: Option<String>,
