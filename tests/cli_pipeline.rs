@@ -191,7 +191,7 @@ fn plan_explains_what_changed_and_exec_runs_one_instance_alone() {
     assert!(plan.contains("input i changed"), "{plan}");
     std::fs::write(dir.path().join("script.sh"), "v2").unwrap();
     let plan = text(&rao(&["plan", "p.yaml"], dir.path()));
-    assert!(plan.contains("a dependency file changed"), "{plan}");
+    assert!(plan.contains("dependency `script.sh` changed"), "{plan}");
     let dot = text(&rao(&["plan", "p.yaml", "--format", "dot"], dir.path()));
     assert!(dot.starts_with("digraph") && dot.contains("a -> b"), "{dot}");
     // After a run under another seed, a change is explained against that run, and said to be.

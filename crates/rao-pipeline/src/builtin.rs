@@ -62,14 +62,17 @@ impl StageKind for Shell {
     }
     fn fingerprint_extra(&self, params: &Value, base_dir: &Path) -> Result<String, String> {
         let p: ShellParams = crate::kind::parse_typed(params).map_err(|e| e.message)?;
-        let mut h = blake3::Hasher::new();
+        if p.deps.is_empty() {
+            return Ok(String::new());
+        }
+        // Each file with its hash, so that `rao plan` can say which one changed.
+        let mut hashed = Vec::new();
         for dep in &p.deps {
             let path = base_dir.join(dep);
-            h.update(&(dep.len() as u64).to_le_bytes());
-            h.update(dep.as_bytes());
-            h.update(hash_dep(&path).map_err(|e| format!("shell dependency `{dep}` ({}): {e}", path.display()))?.as_bytes());
+            let hash = hash_dep(&path).map_err(|e| format!("shell dependency `{dep}` ({}): {e}", path.display()))?;
+            hashed.push(crate::fingerprint::DepHash { file: dep.clone(), blake3: hash.to_hex().to_string() });
         }
-        Ok(if p.deps.is_empty() { String::new() } else { h.finalize().to_hex().to_string() })
+        Ok(serde_json::to_string(&hashed).expect("strings serialise"))
     }
     fn run(&self, ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>> {
         async move { run_shell(ctx).await }.boxed()

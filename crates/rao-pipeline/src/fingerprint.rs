@@ -133,7 +133,7 @@ impl FpParts {
             why.push("seed changed".into());
         }
         if self.extra != old.extra {
-            why.push("a dependency file changed".into());
+            why.extend(dependency_changes(&old.extra, &self.extra).unwrap_or_else(|| vec!["a dependency file changed".into()]));
         }
         let names: std::collections::BTreeSet<&String> = self.inputs.keys().chain(old.inputs.keys()).collect();
         for n in names {
@@ -149,6 +149,33 @@ impl FpParts {
         }
         why
     }
+}
+
+/// One file a stage's `fingerprint_extra` lists (a shell stage's `deps`) with its content hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DepHash {
+    pub file: String,
+    pub blake3: String,
+}
+
+/// Which listed files differ between two `extra` fields, where both list files ([`DepHash`]);
+/// `None` where either is something else (a dataset's listing, an older store's hash).
+fn dependency_changes(old: &str, new: &str) -> Option<Vec<String>> {
+    let (old, new): (Vec<DepHash>, Vec<DepHash>) = (serde_json::from_str(old).ok()?, serde_json::from_str(new).ok()?);
+    let hash_in = |list: &[DepHash], file: &str| list.iter().find(|d| d.file == file).map(|d| d.blake3.clone());
+    let mut files: Vec<&str> = old.iter().chain(&new).map(|d| d.file.as_str()).collect();
+    files.sort_unstable();
+    files.dedup();
+    let mut out = Vec::new();
+    for file in files {
+        match (hash_in(&old, file), hash_in(&new, file)) {
+            (Some(a), Some(b)) if a != b => out.push(format!("dependency `{file}` changed")),
+            (None, Some(_)) => out.push(format!("dependency `{file}` added")),
+            (Some(_), None) => out.push(format!("dependency `{file}` removed")),
+            _ => {}
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 fn diff_values(path: &str, old: &Value, new: &Value, out: &mut Vec<String>) {
