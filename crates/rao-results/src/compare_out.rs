@@ -68,6 +68,9 @@ pub fn markdown(cmp: &Comparison) -> String {
         }
     }
     let metrics: Vec<Metric> = Metric::ALL.into_iter().filter(|m| cmp.cells.iter().any(|c| c.metric == *m)).collect();
+    if metrics.is_empty() {
+        s.push_str("\nNo evaluation results of these pipelines are in the store (compare reads what their `evaluate` stages measured).\n");
+    }
     for m in metrics {
         let _ = write!(s, "\n**{}**\n\n| evaluation | mode | band |{}\n|---|---|---|{}\n", m.name(), head(n), "---|".repeat(n));
         let mut keys: Vec<(&str, &str, &str)> = Vec::new();
