@@ -134,6 +134,22 @@ fn an_evaluation_through_rao_serve_equals_the_in_process_one() {
         assert!(!answer["error"]["message"].as_str().unwrap_or("").is_empty(), "{answer}");
     }
 
+    // Unknown routes and methods, and options the server does not serve, are JSON errors too:
+    // a client is never left to believe it streamed or got `n` choices.
+    let chat = |extra: &str| format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"x\"}}]{extra}}}");
+    for (path, body, status, says) in [
+        ("/v1/completions", "{}".to_string(), "404", "no route /v1/completions"),
+        ("/v1/models", "{}".to_string(), "405", "POST is not served at /v1/models"),
+        ("/v1/chat/completions", chat(", \"stream\": true"), "400", "`stream`"),
+        ("/v1/chat/completions", chat(", \"n\": 3"), "400", "`n`"),
+        ("/v1/chat/completions", chat(", \"max_tokens\": 0"), "400", "`max_tokens`"),
+    ] {
+        let (code, answer) = post_raw(&addr, path, "application/json", &body);
+        assert_eq!(code, status, "{path} {body}: {answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("not JSON ({e}): {answer}"));
+        assert!(answer["error"]["message"].as_str().unwrap_or("").contains(says), "{answer}");
+    }
+
     // The same file plus an evaluation whose policy is the server.
     std::fs::write(dir.path().join("q.yaml"), through_server(&addr, "evaluate_served", 0, "recursive, flat")).unwrap();
     let o = rao(&["run", "q.yaml"], dir.path());

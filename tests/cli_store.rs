@@ -460,3 +460,75 @@ fn a_report_of_a_past_run_whose_results_gc_removed_says_so_and_how_to_make_them_
     assert!(said.contains("evaluate: not in the store for that run (removed since)"), "{said}");
     assert!(said.contains("`rao run t.yaml --set seed=2` produces it"), "{said}");
 }
+
+/// A shared bucket edited by someone else: what stands in the store is never followed out of it,
+/// read without bound, or taken for rao's own.
+#[test]
+fn a_tampered_store_can_neither_hang_a_run_nor_lead_writes_and_deletes_out_of_it() {
+    let dir = chain_done();
+    // A's output replaced by a FIFO, its manifest edited to match an empty file: a cache hit
+    // would pass, and reading it would wait for a writer for ever.
+    let fp = fingerprint(dir.path(), "a");
+    let file = output_file(dir.path(), &fp);
+    let manifest_path = object_dir(dir.path(), &fp).join("MANIFEST.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    m["outputs"]["o"][0]["size"] = 0.into();
+    m["outputs"]["o"][0]["blake3"] = blake3::hash(b"").to_hex().to_string().into();
+    std::fs::write(&manifest_path, serde_json::to_vec(&m).unwrap()).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let fifo = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let mut child =
+        Command::new(env!("CARGO_BIN_EXE_rao")).args(["run", "p.yaml", "--force", "b"]).current_dir(dir.path()).spawn().unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("the run hangs on a FIFO in the store");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success());
+    assert_eq!(ran(dir.path()).matches('a').count(), 2, "a recomputed: {}", ran(dir.path()));
+
+    // A manifest far larger than any rao writes is damage, not read into memory.
+    let fp_c = fingerprint(dir.path(), "c");
+    let f = std::fs::OpenOptions::new().append(true).open(object_dir(dir.path(), &fp_c).join("MANIFEST.json")).unwrap();
+    f.set_len(1 << 30).unwrap();
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(o.status.success() && text(&o).contains("DAMAGED  c") && text(&o).contains("too large"), "{}", text(&o));
+
+    // An output named like rao's temporaries is refused when published, so gc never mistakes it.
+    std::fs::write(
+        dir.path().join("t.yaml"),
+        "name: t\nstages:\n  x: {kind: shell, params: {command: 'echo 1 > ${outputs.o}/.v.rao-tmp.1.2'}, outputs: [o]}\n",
+    )
+    .unwrap();
+    let o = rao(&["run", "t.yaml"], dir.path());
+    assert!(!o.status.success() && text(&o).contains("named like one of rao's temporary files"), "{}", text(&o));
+
+    // A run record whose ids lead elsewhere is refused where it would name a file.
+    let latest = dir.path().join(".rao/store/runs/p/latest.json");
+    let mut r: serde_json::Value = serde_json::from_slice(&std::fs::read(&latest).unwrap()).unwrap();
+    r["run_id"] = "../../../../outside".into();
+    std::fs::write(&latest, serde_json::to_vec(&r).unwrap()).unwrap();
+    let o = rao(&["report", "p.yaml", "--run", "latest"], dir.path());
+    assert!(!o.status.success() && text(&o).contains("was the store tampered with?"), "{}", text(&o));
+
+    // A store folder that is a link (here to another store) is refused before anything is
+    // written or deleted through it.
+    let victim = tempfile::tempdir().unwrap();
+    std::fs::create_dir(victim.path().join("keep")).unwrap();
+    std::fs::write(victim.path().join("keep/precious"), "mine").unwrap();
+    let objects = dir.path().join(".rao/store/objects");
+    std::fs::remove_dir_all(&objects).unwrap();
+    std::os::unix::fs::symlink(victim.path(), &objects).unwrap();
+    for args in [&["gc", "p.yaml", "--min-age", "0s", "--delete"][..], &["run", "p.yaml"]] {
+        let o = rao(args, dir.path());
+        assert!(!o.status.success() && text(&o).contains("`objects` in the store is a link"), "{args:?}: {}", text(&o));
+    }
+    assert_eq!(std::fs::read_to_string(victim.path().join("keep/precious")).unwrap(), "mine");
+}

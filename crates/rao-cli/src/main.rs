@@ -573,7 +573,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let (c, store) = load_read_only(&p, &registry)?;
             let rows = rao_pipeline::plan::rows(&c, &store).await?;
             let out = match format {
-                Format::Text => rao_pipeline::plan::render_text(&c, &rows, folded),
+                Format::Text => rao_pipeline::events::terminal_safe(&rao_pipeline::plan::render_text(&c, &rows, folded)).into_owned(),
                 Format::Dot => rao_pipeline::plan::render_dot(&c, &rows, folded),
                 Format::Mermaid => rao_pipeline::plan::render_mermaid(&c, &rows, folded),
                 Format::Json if folded => serde_json::to_string_pretty(&rao_pipeline::plan::folded_json(&c, &rows))? + "\n",
@@ -587,7 +587,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             match (json, folded) {
                 (true, true) => println!("{}", serde_json::to_string_pretty(&rao_pipeline::plan::folded_json(&c, &rows))?),
                 (true, false) => println!("{}", serde_json::to_string_pretty(&rows)?),
-                (false, _) => print!("{}", rao_pipeline::plan::render_status(&c, &rows, folded)),
+                (false, _) => print!("{}", rao_pipeline::events::terminal_safe(&rao_pipeline::plan::render_status(&c, &rows, folded))),
             }
         }
         Command::Run { p, jobs, gpus, force, from, only, json, executor, ray_address, track } => {

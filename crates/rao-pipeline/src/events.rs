@@ -221,7 +221,25 @@ pub fn progress_text(done: u64, total: u64, unit: &str, message: &str) -> String
     s
 }
 
+/// `text` with control characters other than newline and tab written as escapes (`\u{1b}`):
+/// text from a store or a stage's stderr must not drive the terminal (move the cursor, retitle
+/// the window, clear the screen).
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    text.chars()
+        .map(|c| if c.is_control() && c != '\n' && c != '\t' { c.escape_unicode().to_string() } else { c.to_string() })
+        .collect::<String>()
+        .into()
+}
+
+/// An event as a line for people (see [`terminal_safe`]).
 pub fn human_line(e: &Event) -> Option<String> {
+    human_line_raw(e).map(|l| terminal_safe(&l).into_owned())
+}
+
+fn human_line_raw(e: &Event) -> Option<String> {
     Some(match e {
         Event::RunStarted { pipeline, run_id, instances, store, .. } => {
             format!("run {run_id} of `{pipeline}`: {instances} stage instances, store {store}")

@@ -21,6 +21,9 @@ use crate::layout::lease_prefix;
 use crate::store::{Store, StoreResult};
 
 /// How long a lease lasts without renewal (`RAO_LEASE_TTL`, in seconds, for tests).
+/// The largest lease generation taken for one (see [`newest`]).
+const MAX_GENERATION: u64 = 1 << 50;
+
 pub fn ttl() -> Duration {
     let secs = std::env::var("RAO_LEASE_TTL").ok().and_then(|s| s.parse::<f64>().ok()).filter(|s| s.is_finite() && *s > 0.1);
     Duration::from_secs_f64(secs.unwrap_or(60.0))
@@ -85,7 +88,11 @@ pub struct LeaseInfo {
 
 impl LeaseInfo {
     fn lapsed(&self) -> bool {
-        self.expires_at < now_secs() || recorded_process_is_gone(&self.host, &self.pid_space, self.pid)
+        let now = now_secs();
+        // A holder renews to now + ttl: an expiry far beyond that (allowing an hour of clock
+        // skew between hosts) was not written by one, and would block the stage for ever.
+        let forged = self.expires_at.is_nan() || self.expires_at > now + 3600.0 + 10.0 * ttl().as_secs_f64();
+        self.expires_at < now || forged || recorded_process_is_gone(&self.host, &self.pid_space, self.pid)
     }
 }
 
@@ -131,6 +138,9 @@ async fn newest(store: &Store, fp: &str) -> StoreResult<Option<(u64, Option<Leas
         .await?
         .into_iter()
         .filter_map(|(key, _)| key.strip_prefix(&prefix)?.strip_prefix('g')?.strip_suffix(".json")?.parse::<u64>().ok())
+        // Generations count acquisitions: one beyond this was not written by rao (and would
+        // overflow the next one).
+        .filter(|g| *g <= MAX_GENERATION)
         .max();
     let Some(generation) = newest else { return Ok(None) };
     let info = store.get_json::<LeaseInfo>(&generation_key(fp, generation)).await.ok().flatten();
@@ -243,6 +253,25 @@ mod tests {
         assert!(!lease("pid:[1]").lapsed(), "a container sharing the host name is not this one");
         assert!(lease(pid_space()).lapsed(), "a process of this namespace that is gone");
         assert!(lease("").lapsed(), "an older lease, without a namespace: by host name as before");
+    }
+
+    #[tokio::test]
+    async fn a_lease_no_holder_wrote_does_not_block_the_stage() {
+        let store = Store::open("memory://", std::path::Path::new(".")).unwrap();
+        let fp = "00112233445566778899aabbccddeeff";
+        // Expiring in 10^308 s, on a host that is not this one: never renewed like that.
+        let forged = LeaseInfo {
+            host: "elsewhere".into(),
+            pid: 1,
+            run_id: "x".into(),
+            instance: "a".into(),
+            expires_at: 1e308,
+            pid_space: String::new(),
+        };
+        store.put_json(&generation_key(fp, 5), &forged).await.unwrap();
+        // A generation no acquisition reaches (the next one would overflow), holding no lease.
+        store.put(&generation_key(fp, u64::MAX), bytes::Bytes::from_static(b"x")).await.unwrap();
+        assert!(matches!(try_acquire(&store, fp, "run-1", "a").await.unwrap(), Acquired::Held(_)));
     }
 
     #[test]

@@ -49,7 +49,7 @@ struct ObjectFiles {
 
 /// Add a file to a group's (total bytes, newest write).
 fn tally(group: &mut (u64, SystemTime), size: u64, modified: SystemTime) {
-    group.0 += size;
+    group.0 = group.0.saturating_add(size);
     group.1 = group.1.max(modified);
 }
 
@@ -103,7 +103,7 @@ pub async fn verify(store: &Store, repair: bool) -> StoreResult<VerifyReport> {
                 'files: for (output, entries) in &m.outputs {
                     for f in entries {
                         report.files += 1;
-                        report.bytes += f.size;
+                        report.bytes = report.bytes.saturating_add(f.size);
                         // Only what was read (or found missing) is damage: a store that fails
                         // to answer stops the check instead of condemning what it could not read.
                         let why = match stored(store, &m.file_key(output, &f.path)).await? {
@@ -274,7 +274,7 @@ async fn collect(
                     store.remove_empty_folders(&crate::layout::object_dir(fp));
                 }
             }
-            report.bytes += size;
+            report.bytes = report.bytes.saturating_add(size);
             report.removed.push(key);
         }
     }
@@ -284,7 +284,7 @@ async fn collect(
             if delete {
                 store.delete(&key).await?;
             }
-            report.bytes += size;
+            report.bytes = report.bytes.saturating_add(size);
             report.removed.push(key);
         }
     }
@@ -304,7 +304,7 @@ async fn collect(
             if delete {
                 store.delete_prefix(&prefix).await?;
             }
-            report.bytes += size;
+            report.bytes = report.bytes.saturating_add(size);
             report.removed.push(prefix);
         }
     }

@@ -112,9 +112,13 @@ pub async fn read(store: &Store, fp: &str) -> StoreResult<ManifestState> {
 /// [`quarantine`] is given to set a damaged manifest aside.
 pub async fn read_raw(store: &Store, fp: &str) -> StoreResult<(ManifestState, bytes::Bytes)> {
     let key = manifest_key(fp);
-    match store.get_opt(&key).await {
+    match store.get_bounded(&key, crate::store::MAX_METADATA_BYTES).await {
         Ok(Some(bytes)) => Ok((parse(fp, bytes.clone()), bytes)),
         Ok(None) => Ok((ManifestState::Missing, bytes::Bytes::new())),
+        Err(crate::store::StoreError::TooLarge { size, .. }) => Ok((
+            ManifestState::Damaged { why: format!("MANIFEST.json is {size} bytes, too large to be one"), bytes: bytes::Bytes::new() },
+            bytes::Bytes::new(),
+        )),
         // What was found there, not a store that failed to answer: damage of this object only.
         Err(_) if is_not_a_file(store, &key) => {
             Ok((ManifestState::Damaged { why: NOT_A_FILE.into(), bytes: bytes::Bytes::new() }, bytes::Bytes::new()))
@@ -201,16 +205,17 @@ fn compare_sizes(output: &str, files: &[FileEntry], found: impl Fn(&str) -> Opti
 /// to keep: a note says what went, and it is removed (a folder with what is in it).
 pub async fn quarantine(store: &Store, fp: &str, found: &bytes::Bytes) -> StoreResult<()> {
     let key = manifest_key(fp);
-    let note = match store.get_opt(&key).await {
+    let set_aside = |why: String| -> bytes::Bytes {
+        serde_json::to_vec(&serde_json::json!({ "set_aside": why })).expect("serialising to JSON cannot fail").into()
+    };
+    let note = match store.get_bounded(&key, crate::store::MAX_METADATA_BYTES).await {
         Ok(now) if now.as_ref() != Some(found) => return Ok(()),
         Ok(_) => found.clone(),
+        // Still too large to be a manifest: not kept (it could fill the disk twice).
+        Err(StoreError::TooLarge { size, .. }) => set_aside(format!("MANIFEST.json of {size} bytes; it was removed")),
         // Nothing to compare: still not a file, it is still damaged. (No one's new manifest can
         // be renamed onto a folder; onto a device, in a race this narrow, it costs a recompute.)
-        Err(_) if is_not_a_file(store, &key) => {
-            serde_json::to_vec(&serde_json::json!({ "set_aside": format!("{NOT_A_FILE}; it was removed") }))
-                .expect("serialising to JSON cannot fail")
-                .into()
-        }
+        Err(_) if is_not_a_file(store, &key) => set_aside(format!("{NOT_A_FILE}; it was removed")),
         Err(e) => return Err(e),
     };
     store.put(&layout::quarantine_key(fp, crate::exec::now_secs()), note).await?;

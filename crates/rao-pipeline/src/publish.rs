@@ -186,6 +186,19 @@ fn walk_files(dir: &Path, output: &str) -> anyhow::Result<Vec<String>> {
             let e = e.map_err(|e| io(&rel_of(dir, &d), e))?;
             let p = e.path();
             let rel = rel_of(dir, &p);
+            // A name the store's readers refuse is not published: it would read as damage ever after.
+            let name = e.file_name();
+            let bad_name = |why: &str| anyhow::anyhow!("output `{output}`: `{}` {why}; rename it", rel.escape_debug());
+            match name.to_str() {
+                None => return Err(bad_name("has a name that is not UTF-8")),
+                Some(n) if n.contains('\\') || n.chars().any(char::is_control) => {
+                    return Err(bad_name("has a backslash or a control character in its name"));
+                }
+                Some(n) if crate::store::local::is_temporary(n) => {
+                    return Err(bad_name("is named like one of rao's temporary files (`.NAME.rao-tmp.PID.N`)"));
+                }
+                Some(_) => {}
+            }
             // The entry's own type (not its target's): no system call where the listing has it.
             let ty = e.file_type().map_err(|e| io(&rel, e))?;
             if ty.is_dir() {

@@ -127,6 +127,13 @@ pub async fn read(store: &Store, pipeline: &str, run_id: &str) -> anyhow::Result
         .map_err(|e| anyhow::anyhow!("{e}: run ids look like 20261130T120000Z-4242 (see `runs/{pipeline}/` in the store)"))?;
     check_component("pipeline name", pipeline).map_err(|e| anyhow::anyhow!(e))?;
     match store.get_json::<RunRecord>(&run_record_key(pipeline, run_id)).await {
+        // Its ids name files (a report page, the record itself): only as a key would name them.
+        Ok(Some(r)) if check_component("run id", &r.run_id).is_err() || r.pipeline != pipeline => Err(anyhow::anyhow!(
+            "the run record `{}` names run `{}` of pipeline `{}`, not a run of `{pipeline}` (was the store tampered with?)",
+            run_record_key(pipeline, run_id),
+            r.run_id.escape_debug(),
+            r.pipeline.escape_debug()
+        )),
         Ok(r) => Ok(r),
         Err(e) => Err(anyhow::anyhow!("{e}")),
     }
@@ -146,6 +153,8 @@ pub async fn close_interrupted(store: &Store, pipeline: &str) -> StoreResult<Vec
         let record = store.get_json::<RunRecord>(&run_record_key(pipeline, run_id)).await.ok().flatten();
         match record {
             Some(mut r) if r.effective_status() == RunStatus::Interrupted => {
+                // Written back where it was read, whatever ids its contents claim.
+                (r.pipeline, r.run_id) = (pipeline.to_string(), run_id.to_string());
                 r.status = RunStatus::Interrupted;
                 r.finished_at = Some(r.heartbeat_at.max(r.started_at));
                 for i in r.instances.iter_mut().filter(|i| i.status == InstanceStatus::Pending) {

@@ -88,6 +88,11 @@ pub async fn snapshot(c: &Compiled, store: &Store) -> StoreResult<Snapshot> {
 }
 
 /// The last recorded fingerprint of an instance name (to explain a cache miss).
+/// An entry that is not one (damaged, hostile, too large) explains nothing and is passed over:
+/// the index only explains, a plan does not depend on it.
 pub async fn last_index(c: &Compiled, store: &Store, instance: &str) -> StoreResult<Option<IndexEntry>> {
-    store.get_json(&index_key(&c.name, instance)).await
+    match store.get_json(&index_key(&c.name, instance)).await {
+        Err(crate::store::StoreError::Json { .. } | crate::store::StoreError::TooLarge { .. }) => Ok(None),
+        other => other,
+    }
 }

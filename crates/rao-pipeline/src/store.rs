@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// The most bytes read of an object rao writes as metadata (a manifest of 20,000 files is about
+/// 3 MB): a larger one in a tampered store is refused, not read into memory.
+pub const MAX_METADATA_BYTES: u64 = 64 << 20;
+
 /// Errors carry their cause as text, once: object_store's errors repeat their source's message
 /// at every level of the chain ("… (os error 13): … (os error 13)").
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +28,9 @@ pub enum StoreError {
     Object { key: String, message: String },
     #[error("store object `{key}` is not valid JSON: {message}")]
     Json { key: String, message: String },
+    /// An object rao writes small, found larger (a tampered store): not read.
+    #[error("store object `{key}` is {size} bytes, more than the {max} rao reads for it")]
+    TooLarge { key: String, size: u64, max: u64 },
 }
 
 impl StoreError {
@@ -131,6 +138,17 @@ impl Store {
         }
         std::fs::create_dir_all(path).map_err(|e| err(format!("cannot create directory {}: {e}", path.display())))?;
         let root = path.canonicalize().map_err(|e| err(format!("{}: {e}", path.display())))?;
+        // Stages write into `staging/`, gc deletes under `objects/`: through a link there, out of
+        // the store. rao makes none; the store itself may be a link (it was resolved above).
+        if let Some(name) = std::fs::read_dir(&root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| e.file_type().is_ok_and(|t| t.is_symlink()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+        {
+            return Err(err(format!("`{name}` in the store is a link; a store's folders are real folders (was the store tampered with?)")));
+        }
         let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
             .map_err(|e| StoreError::Open { url: url.to_string(), message: e.to_string() })?;
         let dir = local::Dir::open(&root).map_err(|e| err(format!("{}: {e}", root.display())))?;
@@ -191,11 +209,28 @@ impl Store {
         if pre.is_empty() { s.to_string() } else { s.strip_prefix(pre).unwrap_or(s).trim_start_matches('/').to_string() }
     }
 
+    /// Refuse to write or delete at `path` (of `key`, in a local store) through a folder that is
+    /// a link: rao makes none, and one in a tampered store would lead writes and `gc`'s deletes
+    /// out of the store. A few `lstat`s, only for writes and deletes.
+    fn no_links_above(&self, key: &str, path: &std::path::Path) -> StoreResult<()> {
+        let Some(root) = &self.local_root else { return Ok(()) };
+        for folder in path.ancestors().skip(1).take_while(|a| a.starts_with(root) && *a != root.as_path()) {
+            if std::fs::symlink_metadata(folder).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(StoreError::Object {
+                    key: key.to_string(),
+                    message: format!("{} is a link; a store's folders are real folders (was the store tampered with?)", folder.display()),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Write an object. Local and cloud stores make the object visible whole or not at all.
     pub async fn put(&self, key: &str, bytes: Bytes) -> StoreResult<()> {
         // Local stores write directly (a temporary file renamed over the key): object_store hops
         // to a blocking thread per call, which dominates the overhead of small stages.
         if let Some(path) = self.plain_local_path(key) {
+            self.no_links_above(key, &path)?;
             return local::write_whole(&path, &bytes, local::Mode::Replace).map(|_| ()).map_err(|e| StoreError::io(key, &path, e));
         }
         self.inner.put(&self.path(key), PutPayload::from_bytes(bytes)).await.map(|_| ()).map_err(|e| StoreError::object(key, e))
@@ -209,6 +244,29 @@ impl Store {
         }
         let map = |e| StoreError::object(key, e);
         self.inner.get(&self.path(key)).await.map_err(map)?.bytes().await.map_err(map)
+    }
+
+    /// Like [`Store::get_opt`], for an object rao writes small (a manifest, a record, a lease):
+    /// one larger than `max` bytes is an error, not read into memory.
+    pub async fn get_bounded(&self, key: &str, max: u64) -> StoreResult<Option<Bytes>> {
+        let result = match self.plain_local_dir(key) {
+            Some(dir) => dir.read_at_most(key, max).map(Bytes::from).map_err(|e| {
+                match e.get_ref().and_then(|x| x.downcast_ref::<local::TooLarge>()) {
+                    Some(t) => StoreError::TooLarge { key: key.to_string(), size: t.size, max },
+                    None => StoreError::io(key, &self.local_path(key).unwrap_or_default(), e),
+                }
+            }),
+            None => match self.inner.get(&self.path(key)).await {
+                Ok(got) if got.meta.size > max => Err(StoreError::TooLarge { key: key.to_string(), size: got.meta.size, max }),
+                Ok(got) => got.bytes().await.map_err(|e| StoreError::object(key, e)),
+                Err(e) => Err(StoreError::object(key, e)),
+            },
+        };
+        match result {
+            Ok(b) => Ok(Some(b)),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     pub async fn get_opt(&self, key: &str) -> StoreResult<Option<Bytes>> {
@@ -249,8 +307,10 @@ impl Store {
         Ok(out)
     }
 
+    /// An object rao wrote as JSON (records, leases, index entries, summaries): at most
+    /// [`MAX_METADATA_BYTES`].
     pub async fn get_json<T: for<'de> Deserialize<'de>>(&self, key: &str) -> StoreResult<Option<T>> {
-        match self.get_opt(key).await? {
+        match self.get_bounded(key, MAX_METADATA_BYTES).await? {
             None => Ok(None),
             Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| StoreError::Json { key: key.to_string(), message: e.to_string() }),
         }
@@ -263,6 +323,7 @@ impl Store {
 
     pub async fn delete(&self, key: &str) -> StoreResult<()> {
         if let Some(path) = self.plain_local_path(key) {
+            self.no_links_above(key, &path)?;
             return match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::io(key, &path, e)),
                 _ => Ok(()),
@@ -277,6 +338,7 @@ impl Store {
     /// Delete every object under `prefix` (a local store removes the folder itself).
     pub async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
         if let Some(path) = self.plain_local_path(prefix.trim_end_matches('/')) {
+            self.no_links_above(prefix, &path)?;
             return match std::fs::remove_dir_all(&path) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -312,6 +374,7 @@ impl Store {
     /// locally): `true` if this call created it, `false` if another writer was first.
     pub async fn put_if_absent(&self, key: &str, bytes: Bytes) -> StoreResult<bool> {
         if let Some(path) = self.plain_local_path(key) {
+            self.no_links_above(key, &path)?;
             return local::write_whole(&path, &bytes, local::Mode::CreateOnly).map_err(|e| StoreError::io(key, &path, e));
         }
         let opts = object_store::PutOptions { mode: object_store::PutMode::Create, ..Default::default() };
@@ -457,6 +520,12 @@ pub(crate) mod local {
         /// read fails: a folder, a FIFO with nothing to read) refuses anything else, so a link to
         /// a device is not read without end. A FIFO without a writer reads as empty.
         pub fn read(&self, rel: &str) -> std::io::Result<Vec<u8>> {
+            self.read_at_most(rel, u64::MAX)
+        }
+
+        /// [`Dir::read`] of a file that may hold at most `max` bytes (more: an error, before
+        /// anything past the first buffer is read).
+        pub fn read_at_most(&self, rel: &str, max: u64) -> std::io::Result<Vec<u8>> {
             use std::io::Read;
             const FIRST_READ: usize = 16 << 10;
             let mut file = self.open_file(rel)?;
@@ -474,30 +543,58 @@ pub(crate) mod local {
                 Err(e) => return Err(first.err().unwrap_or(e)),
             };
             first?;
+            if size > max {
+                return Err(too_large(size, max));
+            }
             // The size is known now: read to the end through `Take` again (no second `fstat`).
             // A sparse file may claim far more than memory holds: an error, not an abort.
             buf.try_reserve(usize::try_from(size).unwrap_or(usize::MAX).saturating_sub(buf.len()))
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::OutOfMemory, format!("{size} bytes: {e}")))?;
-            (&mut file).take(u64::MAX).read_to_end(&mut buf)?;
+            // A file that grows while it is read stops one byte past the bound.
+            (&mut file).take(max.saturating_sub(buf.len() as u64).saturating_add(1)).read_to_end(&mut buf)?;
+            if buf.len() as u64 > max {
+                return Err(too_large(buf.len() as u64, max));
+            }
             Ok(buf)
         }
 
-        /// The size of a file, following links.
+        /// The size of a regular file; a link (rao stores none), FIFO, device or folder is an
+        /// error, as a tampered store may put one where a file was.
         #[cfg(unix)]
         pub fn size(&self, rel: &str) -> std::io::Result<u64> {
             use std::os::fd::AsRawFd;
             let name = c_name(rel)?;
             let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
             // SAFETY: `name` is NUL-terminated and `st` is written by the call before it is read.
-            if unsafe { libc::fstatat(self.fd.as_raw_fd(), name.as_ptr(), st.as_mut_ptr(), 0) } != 0 {
+            if unsafe { libc::fstatat(self.fd.as_raw_fd(), name.as_ptr(), st.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW) } != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            Ok(unsafe { st.assume_init() }.st_size as u64)
+            let st = unsafe { st.assume_init() };
+            if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a regular file (a link, a pipe or a device)"));
+            }
+            Ok(st.st_size as u64)
         }
         #[cfg(not(unix))]
         pub fn size(&self, rel: &str) -> std::io::Result<u64> {
-            Ok(std::fs::metadata(self.root.join(rel))?.len())
+            let meta = std::fs::symlink_metadata(self.root.join(rel))?;
+            if !meta.file_type().is_file() {
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a regular file (a link, a pipe or a device)"));
+            }
+            Ok(meta.len())
         }
+    }
+
+    fn too_large(size: u64, max: u64) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, TooLarge { size, max })
+    }
+
+    /// A file larger than a bounded read takes ([`Dir::read_at_most`]).
+    #[derive(Debug, thiserror::Error)]
+    #[error("{size} bytes, more than the {max} read for it")]
+    pub struct TooLarge {
+        pub size: u64,
+        pub max: u64,
     }
 
     #[cfg(unix)]
@@ -566,14 +663,22 @@ pub(crate) mod local {
         let _ = std::fs::remove_dir(dir);
     }
 
+    /// Whether a file name is one of [`write_whole`]'s temporaries: `.NAME.rao-tmp.PID.COUNT`.
+    /// Matched whole, so that an output that merely contains the mark is no temporary.
+    pub fn is_temporary(name: &str) -> bool {
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        name.starts_with('.')
+            && name.rsplit_once(TEMP_MARK).and_then(|(_, tail)| tail.split_once('.')).is_some_and(|(pid, n)| digits(pid) && digits(n))
+    }
+
     /// Every file under `dir` as (key relative to `root`, size), sorted; temporary files skipped.
     pub fn list(root: &Path, dir: &Path) -> std::io::Result<Vec<super::Listed>> {
-        list_where(root, dir, |name| !name.contains(TEMP_MARK) && !name.contains('#'))
+        list_where(root, dir, |name| !is_temporary(name) && !name.contains('#'))
     }
 
     /// The temporary files under `dir` (a writer's unfinished files), listed as [`list`] lists.
     pub fn temporaries(root: &Path, dir: &Path) -> std::io::Result<Vec<super::Listed>> {
-        list_where(root, dir, |name| name.contains(TEMP_MARK))
+        list_where(root, dir, is_temporary)
     }
 
     /// Every regular file under `dir` whose name `wanted` accepts, sorted by key.

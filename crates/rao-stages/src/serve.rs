@@ -212,18 +212,31 @@ impl Served {
             Some(t) => t.as_f64().filter(|t| t.is_finite() && *t >= 0.0).ok_or("`temperature` is a number ≥ 0")?,
         };
         let seed = body.get("seed").and_then(Value::as_u64).unwrap_or(0);
+        // Options a client may count on are honoured or refused, never ignored.
+        if body.get("stream").is_some_and(|v| v != &Value::Bool(false) && !v.is_null()) {
+            return Err("`stream`: streaming is not served; send `\"stream\": false` or leave it out".to_string().into());
+        }
+        if body.get("n").is_some_and(|v| v.as_u64() != Some(1) && !v.is_null()) {
+            return Err("`n`: one completion per request (`\"n\": 1`)".to_string().into());
+        }
+        let max_tokens = match body.get("max_completion_tokens").or_else(|| body.get("max_tokens")) {
+            None | Some(Value::Null) => usize::MAX / 4,
+            Some(v) => {
+                v.as_u64().filter(|n| *n >= 1).map(|n| n.min(usize::MAX as u64 / 4) as usize).ok_or("`max_tokens`: an integer ≥ 1")?
+            }
+        };
         let context = context_of(self.text_form.as_ref(), &messages)?;
         let (response, prompt_tokens) = match &self.acting {
             Model::Compact { window, .. } => {
                 if context.len() >= *window {
                     return Err(format!("the conversation is {} tokens; the model's window is {window}", context.len()).into());
                 }
-                let (prompt_tokens, max_new_tokens) = (context.len(), window - context.len());
+                let (prompt_tokens, max_new_tokens) = (context.len(), (window - context.len()).min(max_tokens));
                 (self.answer(Request { context, max_new_tokens, seed, model_context: vec![] }, temperature).await?, prompt_tokens)
             }
             // The conversation rendered whole through the chat template (a client sends text).
             Model::Text(_) => {
-                let request = Request { context, max_new_tokens: usize::MAX / 4, seed, model_context: vec![] };
+                let request = Request { context, max_new_tokens: max_tokens, seed, model_context: vec![] };
                 let response = self.answer(request, temperature).await?;
                 let fed = response.model.as_ref().map_or(0, |m| m.fed.len());
                 (response, fed)
@@ -307,7 +320,12 @@ async fn answer_batches(
 /// Serve `served` on `listener` until the process ends: `POST /v1/chat/completions`,
 /// `GET /v1/models`.
 pub async fn serve(listener: tokio::net::TcpListener, served: Arc<Served>) -> std::io::Result<()> {
-    let app = Router::new().route("/v1/chat/completions", post(chat)).route("/v1/models", get(models)).with_state(served);
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(served);
     axum::serve(listener, app).await
 }
 
@@ -327,6 +345,17 @@ async fn chat(State(served): State<Arc<Served>>, body: Result<Json<Value>, JsonR
 
 async fn models(State(served): State<Arc<Served>>) -> Json<Value> {
     Json(json!({"object": "list", "data": [{"id": served.model, "object": "model", "owned_by": "rao"}]}))
+}
+
+/// Unknown paths and methods get the same JSON errors as everything else (axum's are empty).
+async fn not_found(uri: axum::http::Uri) -> Response {
+    let message = format!("no route {}: rao serves POST /v1/chat/completions and GET /v1/models", uri.path());
+    (StatusCode::NOT_FOUND, error_body(message, "invalid_request_error")).into_response()
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let message = format!("{method} is not served at {}: rao serves POST /v1/chat/completions and GET /v1/models", uri.path());
+    (StatusCode::METHOD_NOT_ALLOWED, error_body(message, "invalid_request_error")).into_response()
 }
 
 fn bad_request(message: String) -> Response {
