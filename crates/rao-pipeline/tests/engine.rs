@@ -245,20 +245,11 @@ async fn loop_stops_early_on_a_metric_and_feeds_the_last_iteration_downstream() 
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path().join("store").to_str().unwrap(), dir.path()).unwrap();
     // Each step appends a line; the stop metric is read from a file by a tiny metric kind below.
-    let text = "\
-name: x
-stages:
-  seed: {kind: shell, params: {command: 'echo 1 > ${outputs.o}/n'}, outputs: [o]}
-  grow:
-    loop:
-      max_iterations: 6
-      init: {state: seed.o}
-      carry: {state: step.o}
-      stop_when: {metric: step.lines, above: 4}
-    stages:
-      step: {kind: counting, inputs: {prev: loop.state}}
-  final: {kind: shell, params: {command: 'cp ${inputs.s}/n ${outputs.o}/n'}, inputs: {s: grow.state}, outputs: [o]}
-";
+    let text = &counting_loop(
+        6,
+        "step.lines, above: 4",
+        "  final: {kind: shell, params: {command: 'cp ${inputs.s}/n ${outputs.o}/n'}, inputs: {s: grow.state}, outputs: [o]}\n",
+    );
     let mut registry = Registry::with_builtins();
     registry.register(Arc::new(Counting));
     let c = Arc::new(compile_str("p.yaml", text, dir.path(), &[], &registry).unwrap_or_else(|d| panic!("{d}")));
@@ -339,19 +330,7 @@ stages:
 async fn a_stop_metric_the_stage_does_not_report_is_said_once_and_the_loop_runs_to_its_end() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path().join("store").to_str().unwrap(), dir.path()).unwrap();
-    let text = "\
-name: x
-stages:
-  seed: {kind: shell, params: {command: 'echo 1 > ${outputs.o}/n'}, outputs: [o]}
-  grow:
-    loop:
-      max_iterations: 3
-      init: {state: seed.o}
-      carry: {state: step.o}
-      stop_when: {metric: step.line, above: 1}
-    stages:
-      step: {kind: counting, inputs: {prev: loop.state}}
-";
+    let text = &counting_loop(3, "step.line, above: 1", "");
     let mut registry = Registry::with_builtins();
     registry.register(Arc::new(Counting));
     let c = Arc::new(compile_str("p.yaml", text, dir.path(), &[], &registry).unwrap_or_else(|d| panic!("{d}")));
@@ -372,6 +351,26 @@ stages:
         notes[0].contains("`step.line`") && notes[0].contains("it reports: lines") && notes[0].contains("all 3 iterations"),
         "{notes:?}"
     );
+}
+
+/// A loop of `counting` steps over a one-line seed file, stopping on `stop` (`METRIC, above: X`),
+/// followed by the stages in `after`.
+fn counting_loop(max_iterations: u32, stop: &str, after: &str) -> String {
+    format!(
+        "\
+name: x
+stages:
+  seed: {{kind: shell, params: {{command: 'echo 1 > ${{outputs.o}}/n'}}, outputs: [o]}}
+  grow:
+    loop:
+      max_iterations: {max_iterations}
+      init: {{state: seed.o}}
+      carry: {{state: step.o}}
+      stop_when: {{metric: {stop}}}
+    stages:
+      step: {{kind: counting, inputs: {{prev: loop.state}}}}
+{after}"
+    )
 }
 
 /// Appends a line to its input file and reports the line count as metric `lines`.
