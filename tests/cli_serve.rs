@@ -76,6 +76,27 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// `rao serve p.yaml evaluate` (plus `extra` arguments) on a free port, once it listens.
+fn start_server(dir: &Path, extra: &[&str]) -> (Server, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let server = Server(
+        Command::new(env!("CARGO_BIN_EXE_rao"))
+            .args(["serve", "p.yaml", "evaluate", "--addr", &addr])
+            .args(extra)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "rao serve did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (server, addr)
+}
+
 fn trees(dir: &Path, pipeline: &str, instance: &str) -> Vec<rao_core::NodeRecord> {
     let o = rao(&["path", pipeline, instance, "trees.parquet"], dir);
     assert!(o.status.success(), "{}", text(&o));
@@ -108,22 +129,7 @@ fn an_evaluation_through_rao_serve_equals_the_in_process_one() {
     let o = rao(&["run", "p.yaml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
 
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let _server = Server(
-        Command::new(env!("CARGO_BIN_EXE_rao"))
-            .args(["serve", "p.yaml", "evaluate", "--addr", &addr])
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "rao serve did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (_server, addr) = start_server(dir.path(), &[]);
 
     // A body that is not JSON, or not declared as JSON, is refused with a JSON error too.
     for (content_type, body, status) in [("application/json", "{\"messages\": [", "400"), ("text/plain", "{}", "415")] {
@@ -206,4 +212,33 @@ except openai.BadRequestError as e:
     assert!(out.status.success(), "the openai client (scripts/test installs it):\n{said}{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.starts_with("served/evaluate\n"), "{said}");
     assert!(said.contains("refused: `win` is not a word of this environment"), "{said}");
+
+    // A client that opens connections and sends nothing, or headers a byte at a time, has them
+    // closed after `--header-timeout`; the server keeps answering others.
+    let (_slow, addr) = start_server(dir.path(), &["--header-timeout", "1"]);
+    let closed_within = |partial: &[u8]| {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let t0 = Instant::now();
+        for &b in partial {
+            if s.write_all(&[b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut rest = Vec::new();
+        match s.read_to_end(&mut rest) {
+            Ok(_) => {}
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "not closed: {e}"),
+        }
+        t0.elapsed()
+    };
+    let silent = closed_within(b"");
+    let trickle = closed_within(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    for (what, took) in [("silent", silent), ("trickling", trickle)] {
+        assert!(took < Duration::from_secs(10), "a {what} connection held {took:?}");
+    }
+    let (code, answer) = post_raw(&addr, "/v1/completions", "application/json", "{}");
+    assert_eq!(code, "404", "{answer}");
 }

@@ -169,6 +169,10 @@ enum Command {
         /// there), 64 on a GPU backend.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
         max_batch: Option<u64>,
+        /// Seconds a connection may take to send a request's headers (from opening, or from the
+        /// previous reply) before it is closed.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        header_timeout: u64,
     },
     /// Check every manifest of a store and every byte it names (sizes and blake3 hashes).
     Verify {
@@ -664,7 +668,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&m)?);
             }
         }
-        Command::Serve { p, instance, addr, max_batch } => {
+        Command::Serve { p, instance, addr, max_batch, header_timeout } => {
             let (c, store) = load_read_only(&p, &registry)?;
             let ctx = rao_pipeline::exec::context_by_name(&c, &store, &instance).await?;
             anyhow::ensure!(
@@ -683,7 +687,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 listener.local_addr()?,
                 served.max_batch()
             );
-            rao_stages::serve::serve(listener, served).await?;
+            rao_stages::serve::serve(listener, served, std::time::Duration::from_secs(header_timeout)).await?;
         }
         Command::Inspect { trees, instance, set, store, task, group, mode, band, status, failed, limit } => {
             let what = match &instance {

@@ -23,7 +23,7 @@ use rao_stages::envs::textcraft::task_set;
 use rao_stages::neural::{LoadedModel, acting_policy};
 use rao_stages::openai_policy::OpenAiPolicy;
 use rao_stages::rollout::{LimitParams, Mode, rollout_trees};
-use rao_stages::serve::{Served, serve};
+use rao_stages::serve::{DEFAULT_HEADER_TIMEOUT, Served, serve};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -76,7 +76,7 @@ async fn main() {
         let served = Arc::new(
             Served::from_loaded("bench".into(), loaded(), set.clone(), &params, DEFAULT_BUDGET_BYTES).unwrap().with_max_batch(max_batch),
         );
-        tokio::spawn(serve(listener, served.clone()));
+        tokio::spawn(serve(listener, served.clone(), DEFAULT_HEADER_TIMEOUT));
         servers.push((addr, served));
     }
     let cache = tempfile::tempdir().unwrap();

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
@@ -317,16 +318,40 @@ async fn answer_batches(
     }
 }
 
+/// How long a connection may take to send a request head unless told otherwise (hyper's own
+/// default, which takes effect only with a timer).
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serve `served` on `listener` until the process ends: `POST /v1/chat/completions`,
-/// `GET /v1/models`.
-pub async fn serve(listener: tokio::net::TcpListener, served: Arc<Served>) -> std::io::Result<()> {
+/// `GET /v1/models`. A connection that has not sent a whole request head within
+/// `header_timeout` (of opening, or of its previous reply) is closed: a client that opens
+/// connections and sends nothing, or a byte at a time, would otherwise hold them for ever.
+pub async fn serve(listener: tokio::net::TcpListener, served: Arc<Served>, header_timeout: Duration) -> std::io::Result<()> {
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(served);
-    axum::serve(listener, app).await
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            // Out of file descriptors and the like: wait for connections to close, keep serving.
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let service = service.clone();
+        tokio::spawn(async move {
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
+            // A connection's errors (closed early, timed out, not HTTP) end that connection only.
+            let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+        });
+    }
 }
 
 /// A body that is not JSON (or lacks `Content-Type: application/json`) is answered like every

@@ -218,7 +218,7 @@ fn a_conversation_starts_with_the_instructions_and_the_goal_then_alternates() {
 /// openai policy, greedy, makes the trees the in-process policy makes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_openai_against_rao_serve_gives_the_in_process_trees() {
-    use rao_stages::serve::{Served, serve};
+    use rao_stages::serve::{DEFAULT_HEADER_TIMEOUT, Served, serve};
     let world = Arc::new(textcraft::generate(&textcraft::SynthConfig::small(), 5));
     let mut tasks = textcraft::synthesize(&world, textcraft::Band::Easy, 3, true, 5);
     tasks.extend(textcraft::synthesize(&world, textcraft::Band::Medium, 2, true, 5));
@@ -234,7 +234,7 @@ async fn policy_openai_against_rao_serve_gives_the_in_process_trees() {
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, Arc::new(Served::new("tiny".into(), model, set.clone(), &limit_params))));
+    tokio::spawn(serve(listener, Arc::new(Served::new("tiny".into(), model, set.clone(), &limit_params)), DEFAULT_HEADER_TIMEOUT));
     let cache = tempfile::tempdir().unwrap();
     let api = Arc::new(ChatApi::new(endpoint(format!("http://{addr}/v1"), cache.path(), 0), cache.path()).unwrap());
     let policy = Arc::new(OpenAiPolicy::new(api, set.episode(0), 0.0));
