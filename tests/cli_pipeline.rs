@@ -838,3 +838,30 @@ fn concurrent_runs_on_one_local_store_execute_each_stage_once_with_identical_res
         }
     }
 }
+
+/// `rao run --json` and `rao exec --json` are event streams on stdout: when the command cannot
+/// start (a bad file, a store that is a file), the stream still ends in one event, `error`,
+/// with the same located message as stderr.
+#[test]
+fn a_json_stream_that_cannot_start_ends_in_an_error_event() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("bad.yaml"), "name: bad\nstages:\n  a: {kind: no_such_kind}\n").unwrap();
+    std::fs::write(dir.path().join("ok.yaml"), "name: ok\nstages:\n  a: {kind: noop}\n").unwrap();
+    std::fs::write(dir.path().join("a-file"), "not a store").unwrap();
+    for (args, says) in [
+        (&["run", "bad.yaml", "--json"][..], "bad.yaml:3:"),
+        (&["exec", "bad.yaml", "a", "--json"][..], "bad.yaml:3:"),
+        (&["run", "ok.yaml", "--store", "a-file", "--json"][..], "a-file"),
+    ] {
+        let o = rao(args, dir.path());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let events: Vec<serde_json::Value> =
+            stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {l}"))).collect();
+        let last = events.last().unwrap_or_else(|| panic!("{args:?}: no event on stdout; stderr:\n{}", text(&o)));
+        assert_eq!(last["event"], "error", "{args:?}: {stdout}");
+        let message = last["message"].as_str().unwrap_or("");
+        assert!(message.contains(says), "{args:?}: {message}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(message.lines().next().unwrap()), "{args:?}: stderr says it too");
+    }
+}

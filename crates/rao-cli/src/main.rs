@@ -381,10 +381,16 @@ fn main() -> ExitCode {
         _ => tokio::runtime::Builder::new_current_thread(),
     };
     let rt = runtime.enable_all().build().expect("tokio runtime");
+    // A stream of events on stdout ends in one, whatever stopped the command.
+    let event_stream = matches!(cli.command, Command::Run { json: true, .. } | Command::Exec { json: true, .. });
     let code = match rt.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("{e:#}");
+            if event_stream {
+                let event = rao_pipeline::Event::Error { message: format!("{e:#}") };
+                println!("{}", serde_json::to_string(&event).expect("events serialise"));
+            }
             ExitCode::from(2)
         }
     };

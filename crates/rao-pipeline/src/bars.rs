@@ -137,9 +137,12 @@ impl Bars {
                 *self.cached.lock().unwrap_or_else(|p| p.into_inner()) += 1;
             }
             Event::Skipped { .. } => {}
-            Event::Retrying { .. } | Event::Waiting { .. } | Event::Damaged { .. } | Event::Warning { .. } | Event::Cancelling { .. } => {
-                self.print(e)
-            }
+            Event::Retrying { .. }
+            | Event::Waiting { .. }
+            | Event::Damaged { .. }
+            | Event::Warning { .. }
+            | Event::Error { .. }
+            | Event::Cancelling { .. } => self.print(e),
             Event::RunFinished { .. } => {
                 // Nothing keeps drawing once the run is over (a spinner left ticking would be
                 // drawn again under the lines printed after the run).

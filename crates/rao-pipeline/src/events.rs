@@ -85,6 +85,12 @@ pub enum Event {
     Warning {
         message: String,
     },
+    /// The command stopped with an error of its own (an invalid pipeline file, a store it cannot
+    /// open, a run it could not start or record): the last event of a `--json` stream that has
+    /// no `run_finished`. The exit status is 2.
+    Error {
+        message: String,
+    },
     RunFinished {
         run_id: String,
         status: String,
@@ -268,6 +274,7 @@ fn human_line_raw(e: &Event) -> Option<String> {
         Event::Waiting { instance, holder } => format!("waiting  {instance}: {holder} is computing it"),
         Event::Damaged { instance, why, .. } => format!("DAMAGED  {instance}: {why}; set aside, recomputing"),
         Event::Warning { message } => format!("warning: {message}"),
+        Event::Error { message } => format!("error: {message}"),
         Event::RunFinished { run_id, status, done, cached, failed, skipped, seconds } => {
             format!("run {run_id} {status} in {seconds:.2}s: {done} ran, {cached} cached, {failed} failed, {skipped} skipped")
         }

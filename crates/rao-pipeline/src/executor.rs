@@ -139,14 +139,15 @@ fn interrupt(pid: Option<u32>) {
 }
 
 /// Pass on what a child `rao exec --json` reports from inside its stage (progress, notes,
-/// retries, waits, warnings); its start and end are this process's to report. Lines that are
-/// not events are ignored.
+/// retries, waits, warnings); its start and end, and an error that stops it, are this process's
+/// to report. Lines that are not events are ignored.
 async fn forward_events(stdout: tokio::process::ChildStdout, reporter: &Reporter) {
     use tokio::io::AsyncBufReadExt;
     let mut lines = tokio::io::BufReader::new(stdout).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         match serde_json::from_str::<Event>(&line) {
-            Ok(Event::Started { .. } | Event::Finished { .. } | Event::Failed { .. } | Event::Cached { .. }) | Err(_) => {}
+            Ok(Event::Started { .. } | Event::Finished { .. } | Event::Failed { .. } | Event::Cached { .. } | Event::Error { .. })
+            | Err(_) => {}
             Ok(e) => reporter.emit(e),
         }
     }
