@@ -131,3 +131,33 @@ fn gc_goes_on_past_a_folder_in_place_of_a_manifest_keeping_the_object_a_pipeline
     assert!(gc.status.success(), "{}", text(&gc));
     assert!(!b_out.exists(), "{}", text(&gc));
 }
+
+/// A manifest whose files are not at their recorded sizes: `status` and `plan` say what `run`
+/// will find (damaged, so it runs again), not done.
+#[test]
+fn status_and_plan_see_an_output_of_the_wrong_size_as_the_run_does() {
+    let dir = chain_done();
+    let b = fingerprint(dir.path(), "b");
+    let file = walk(&object_dir(dir.path(), &b)).into_iter().find(|p| p.file_name().is_some_and(|n| n == "v")).expect("b's output file");
+    std::fs::write(&file, b"short").unwrap();
+
+    let status = text(&rao(&["status", "p.yaml"], dir.path()));
+    assert!(status.contains("stale    b") && status.contains("has 5 bytes"), "{status}");
+    assert!(status.contains("done     c"), "c's inputs are named by fingerprint, so c is still done:\n{status}");
+    let plan = text(&rao(&["plan", "p.yaml"], dir.path()));
+    assert!(plan.lines().any(|l| l.contains("will run") && l.contains(" b ")), "{plan}");
+
+    let o = rao(&["run", "p.yaml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("DAMAGED  b") && text(&o).contains("has 5 bytes"), "{}", text(&o));
+    assert_eq!(runs(dir.path()), [1, 2, 1], "{}", text(&o));
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() { out.extend(walk(&p)) } else { out.push(p) }
+    }
+    out
+}

@@ -51,13 +51,6 @@ impl ReadAhead {
     }
 }
 
-/// Whether a manifest that is done must also have every file at its recorded size.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Sizes {
-    Check,
-    Skip,
-}
-
 /// The fingerprint of every instance that the plan alone determines (its inputs wait on no loop
 /// decision), except those `skip` marks; `None` for the others.
 fn plan_fingerprints(c: &Compiled, skip: &[bool]) -> Vec<Option<String>> {
@@ -75,13 +68,13 @@ fn plan_fingerprints(c: &Compiled, skip: &[bool]) -> Vec<Option<String>> {
 }
 
 /// For a bucket, the manifests of the instances whose fingerprints the plan determines (by
-/// instance; not those `skip` marks), read concurrently; nothing for a local store. With
-/// [`Sizes::Check`] a done manifest whose files are not all there at their sizes is left out.
+/// instance; not those `skip` marks), read concurrently; nothing for a local store. A done
+/// manifest whose files are not all there at their sizes is left out (the walk reports it).
 /// The first failed or slow request stops further ones (a bucket that cannot be reached is
 /// reported by the walk, once, not retried here for every instance), and so does finding more
 /// than 16 missing and more missing than done (a run that computes most of its stages would
 /// otherwise pay a request for each before it starts); requests already in flight finish.
-pub async fn read(c: &Compiled, store: &Store, skip: &[bool], sizes: Sizes) -> ReadAhead {
+pub async fn read(c: &Compiled, store: &Store, skip: &[bool]) -> ReadAhead {
     let mut out = ReadAhead { at: None, entries: vec![None; c.instances.len()] };
     if store.local_root().is_some() {
         return out;
@@ -99,7 +92,7 @@ pub async fn read(c: &Compiled, store: &Store, skip: &[bool], sizes: Sizes) -> R
             }
             let request = async {
                 match manifest::read(store, &fp).await {
-                    Ok(ManifestState::Done(m)) if sizes == Sizes::Check => match manifest::check_sizes(store, &m).await {
+                    Ok(ManifestState::Done(m)) => match manifest::check_sizes(store, &m).await {
                         Ok(Ok(())) => Ok(Some(ManifestState::Done(m))),
                         Ok(Err(_)) => Ok(None),
                         Err(e) => Err(e),

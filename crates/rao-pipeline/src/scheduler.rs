@@ -288,7 +288,7 @@ impl Scheduler {
             store: self.store.url().to_string(),
         });
         // After the start is announced: against a slow bucket this takes a moment.
-        self.ahead = read_ahead::read(&self.c, &self.store, &self.forced, read_ahead::Sizes::Check).await;
+        self.ahead = read_ahead::read(&self.c, &self.store, &self.forced).await;
         Ok(())
     }
 

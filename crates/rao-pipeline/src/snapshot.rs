@@ -44,7 +44,8 @@ pub async fn snapshot(c: &Compiled, store: &Store) -> StoreResult<Snapshot> {
         skipped: vec![false; n],
         damaged: vec![None; n],
     };
-    let mut ahead = crate::read_ahead::read(c, store, &vec![false; n], crate::read_ahead::Sizes::Skip).await;
+    // Sizes checked as a run checks a cache hit, so what this calls done a run reuses.
+    let mut ahead = crate::read_ahead::read(c, store, &vec![false; n]).await;
     for &i in &c.order {
         for (_, sources) in &c.instances[i].inputs {
             for src in sources {
@@ -59,14 +60,18 @@ pub async fn snapshot(c: &Compiled, store: &Store) -> StoreResult<Snapshot> {
         if let Some(p) = parts {
             let fp = p.fingerprint();
             // A damaged manifest counts as not done (the next run sets it aside and recomputes).
-            let state = match ahead.take(i, &fp) {
-                Some(state) => state,
-                None => manifest::read(store, &fp).await?,
-            };
-            match state {
-                ManifestState::Done(m) => s.manifests[i] = Some(m),
-                ManifestState::Damaged { why, .. } => s.damaged[i] = Some(why),
-                ManifestState::Missing => {}
+            match ahead.take(i, &fp) {
+                Some(ManifestState::Done(m)) => s.manifests[i] = Some(m),
+                Some(ManifestState::Damaged { why, .. }) => s.damaged[i] = Some(why),
+                Some(ManifestState::Missing) => {}
+                None => match manifest::read(store, &fp).await? {
+                    ManifestState::Done(m) => match manifest::check_sizes(store, &m).await? {
+                        Ok(()) => s.manifests[i] = Some(m),
+                        Err(why) => s.damaged[i] = Some(why),
+                    },
+                    ManifestState::Damaged { why, .. } => s.damaged[i] = Some(why),
+                    ManifestState::Missing => {}
+                },
             }
             s.fps[i] = Some(fp);
             s.parts[i] = Some(p);
