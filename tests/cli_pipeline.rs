@@ -305,6 +305,34 @@ fn report_follows_the_overrides_it_is_given() {
     assert!(!o.status.success() && text(&o).contains("both set the seed"), "{}", text(&o));
 }
 
+/// The run a report names (and whose settings its page and trackers show) is one that ran the
+/// file as given: not a run of other settings that shares an evaluation with it (here the
+/// expert's at a fixed window, which does not depend on the changed param).
+#[test]
+fn report_names_only_a_run_of_the_settings_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = "name: windows\nseed: 1\nparams: {window: 96}\nstages:\n  \
+        tasks: {kind: synthesize, params: {bands: [easy], per_band: 2, split: validation, world_seed: 1}}\n  \
+        eval: {kind: evaluate, inputs: {tasks: tasks.tasks}, params: {policy: expert, label: at-window, modes: [flat], limits: {window: \"${params.window}\", max_depth: 6, max_children: 4}}}\n  \
+        fixed: {kind: evaluate, inputs: {tasks: tasks.tasks}, params: {policy: expert, label: fixed, modes: [flat], limits: {window: 640, max_depth: 6, max_children: 4}}}\n";
+    std::fs::write(dir.path().join("w.yaml"), body).unwrap();
+    let run = rao(&["run", "w.yaml", "--json"], dir.path());
+    assert!(run.status.success(), "{}", text(&run));
+    let started: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&run.stdout).lines().next().unwrap()).unwrap();
+    let run_id = started["run_id"].as_str().unwrap();
+    let header = |args: &[&str]| -> String {
+        let o = rao(args, dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        out.lines().find(|l| l.starts_with("pipeline windows")).unwrap_or_else(|| panic!("no header:\n{out}")).to_string()
+    };
+    let own = header(&["report", "w.yaml"]);
+    assert!(own.contains(&format!("run {run_id} (succeeded)")), "{own}");
+    // Window 128 never ran: only the fixed evaluation is in the store for it.
+    let other = header(&["report", "w.yaml", "--set", "params.window=128"]);
+    assert!(other.contains("no run record names these results"), "{other}");
+}
+
 #[test]
 fn validate_refuses_an_empty_store_and_a_tracker_that_is_no_url_at_their_lines() {
     let dir = tempfile::tempdir().unwrap();

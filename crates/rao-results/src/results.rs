@@ -120,6 +120,8 @@ impl RunResults {
             }
             None => {
                 let rows = rao_pipeline::plan::rows(c, store).await?;
+                let fingerprints: BTreeMap<String, String> =
+                    rows.iter().filter_map(|r| Some((r.instance.clone(), r.fingerprint.clone()?))).collect();
                 let mut named = Vec::new();
                 let mut missing = Vec::new();
                 for r in rows {
@@ -132,7 +134,7 @@ impl RunResults {
                     }
                 }
                 let evals: BTreeSet<String> = named.iter().filter(|n| n.2 == "evaluate").map(|n| n.3.clone()).collect();
-                let record = producing_run(store, &c.name, &evals).await?;
+                let record = producing_run(store, &c.name, &evals, &fingerprints).await?;
                 (named, missing, record)
             }
         };
@@ -149,14 +151,19 @@ impl RunResults {
         for i in instances.iter().filter(|i| i.kind == "evaluate" && i.iteration().is_none()) {
             evaluations.push(load_evaluation(store, i).await?);
         }
-        let resolved = record.as_ref().map(|r| r["resolved"].clone()).unwrap_or_else(|| (*c.resolved).clone());
+        // A past run's own settings; else the file's as given, which the results were found by
+        // (redacted as a record is), whichever run produced them.
+        let past = record.as_ref().filter(|_| run.is_some());
+        let resolved = match past {
+            Some(r) => r["resolved"].clone(),
+            None => serde_json::to_value(c.resolved.for_record())?,
+        };
         Ok(RunResults {
             pipeline: c.name.clone(),
             file: c.file.display().to_string(),
             store: store.url().to_string(),
             seed: resolved["seed"].as_u64().unwrap_or(0),
-            overrides: record
-                .as_ref()
+            overrides: past
                 .and_then(|r| serde_json::from_value(r["overrides"].clone()).ok())
                 .unwrap_or_else(|| rao_pipeline::run_record::redact_overrides(&c.overrides)),
             run: record.as_ref().map(run_info),
@@ -225,8 +232,16 @@ fn run_info(r: &Value) -> RunInfo {
     }
 }
 
-/// The newest run that computed (else: used) one of these evaluations.
-async fn producing_run(store: &Store, pipeline: &str, evaluations: &BTreeSet<String>) -> anyhow::Result<Option<Value>> {
+/// The newest run of the pipeline as given (`fingerprints`, by instance) that computed (else:
+/// used) one of these evaluations. A run whose instances had other fingerprints ran other
+/// settings, though it may share an evaluation that does not depend on what changed (an
+/// expert's), or be another file's with the same pipeline name.
+async fn producing_run(
+    store: &Store,
+    pipeline: &str,
+    evaluations: &BTreeSet<String>,
+    fingerprints: &BTreeMap<String, String>,
+) -> anyhow::Result<Option<Value>> {
     if evaluations.is_empty() {
         return Ok(None);
     }
@@ -236,9 +251,17 @@ async fn producing_run(store: &Store, pipeline: &str, evaluations: &BTreeSet<Str
             continue;
         }
         let Some(r) = store.get_json::<Value>(&key).await? else { continue };
+        let instances = r["instances"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let same_settings = instances.iter().all(|i| {
+            let theirs = i["fingerprint"].as_str();
+            i["name"].as_str().and_then(|n| fingerprints.get(n)).is_none_or(|ours| theirs.is_none_or(|t| t == ours))
+        });
+        if !same_settings {
+            continue;
+        }
         let mut computed = false;
         let mut used = false;
-        for i in r["instances"].as_array().into_iter().flatten() {
+        for i in instances {
             if i["fingerprint"].as_str().is_some_and(|fp| evaluations.contains(fp)) {
                 used |= matches!(i["status"].as_str(), Some("done" | "cached"));
                 computed |= i["status"] == "done";
