@@ -247,7 +247,7 @@ async fn loop_stops_early_on_a_metric_and_feeds_the_last_iteration_downstream() 
     // Each step appends a line; the stop metric is read from a file by a tiny metric kind below.
     let text = &counting_loop(
         6,
-        "step.lines, above: 4",
+        Some("step.lines, above: 4"),
         "  final: {kind: shell, params: {command: 'cp ${inputs.s}/n ${outputs.o}/n'}, inputs: {s: grow.state}, outputs: [o]}\n",
     );
     let mut registry = Registry::with_builtins();
@@ -281,23 +281,8 @@ async fn loop_stops_early_on_a_metric_and_feeds_the_last_iteration_downstream() 
 async fn a_body_stage_with_every_runs_on_every_nth_iteration_and_the_last() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path().join("store").to_str().unwrap(), dir.path()).unwrap();
-    let text = |max: u32, stop: &str| {
-        format!(
-            "\
-name: x
-stages:
-  seed: {{kind: shell, params: {{command: 'echo 1 > ${{outputs.o}}/n'}}, outputs: [o]}}
-  grow:
-    loop:
-      max_iterations: {max}
-      init: {{state: seed.o}}
-      carry: {{state: step.o}}
-{stop}    stages:
-      step: {{kind: counting, inputs: {{prev: loop.state}}}}
-      look: {{kind: shell, every: 3, params: {{command: 'wc -l < ${{inputs.s}}/n > ${{outputs.o}}/lines'}}, inputs: {{s: step.o}}, outputs: [o]}}
-"
-        )
-    };
+    let look = "      look: {kind: shell, every: 3, params: {command: 'wc -l < ${inputs.s}/n > ${outputs.o}/lines'}, inputs: {s: step.o}, outputs: [o]}\n";
+    let text = |max: u32, stop: Option<&str>| counting_loop(max, stop, look);
     let mut registry = Registry::with_builtins();
     registry.register(Arc::new(Counting));
     let run = |text: String| {
@@ -310,7 +295,7 @@ stages:
         }
     };
     // Seven iterations: `look` at 3, 6 and 7 (the last), reading that iteration's state.
-    let r = run(text(7, "")).await;
+    let r = run(text(7, None)).await;
     assert_eq!(r.status, RunStatus::Succeeded);
     let looks: Vec<&str> = r.instances.iter().filter(|i| i.name.starts_with("look@")).map(|i| i.name.as_str()).collect();
     assert_eq!(looks, ["look@3", "look@6", "look@7"]);
@@ -320,7 +305,7 @@ stages:
         assert_eq!(String::from_utf8_lossy(&bytes).trim(), lines.to_string(), "look@{k}");
     }
     // Stopped early after iteration 4: `look@3` ran, the later ones are skipped with their loop.
-    let r = run(text(7, "      stop_when: {metric: step.lines, above: 5}\n")).await;
+    let r = run(text(7, Some("step.lines, above: 5"))).await;
     assert_eq!(status_of(&r, "look@3"), &InstanceStatus::Cached);
     assert_eq!(status_of(&r, "look@6"), &InstanceStatus::Skipped);
     assert_eq!(status_of(&r, "look@7"), &InstanceStatus::Skipped);
@@ -330,7 +315,7 @@ stages:
 async fn a_stop_metric_the_stage_does_not_report_is_said_once_and_the_loop_runs_to_its_end() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path().join("store").to_str().unwrap(), dir.path()).unwrap();
-    let text = &counting_loop(3, "step.line, above: 1", "");
+    let text = &counting_loop(3, Some("step.line, above: 1"), "");
     let mut registry = Registry::with_builtins();
     registry.register(Arc::new(Counting));
     let c = Arc::new(compile_str("p.yaml", text, dir.path(), &[], &registry).unwrap_or_else(|d| panic!("{d}")));
@@ -353,9 +338,11 @@ async fn a_stop_metric_the_stage_does_not_report_is_said_once_and_the_loop_runs_
     );
 }
 
-/// A loop of `counting` steps over a one-line seed file, stopping on `stop` (`METRIC, above: X`),
-/// followed by the stages in `after`.
-fn counting_loop(max_iterations: u32, stop: &str, after: &str) -> String {
+/// A loop of `counting` steps over a one-line seed file, stopping on `stop` (`METRIC, above: X`)
+/// if given, followed by the lines in `after` (indented 6: more loop-body stages; 2: stages after
+/// the loop).
+fn counting_loop(max_iterations: u32, stop: Option<&str>, after: &str) -> String {
+    let stop = stop.map(|s| format!("      stop_when: {{metric: {s}}}\n")).unwrap_or_default();
     format!(
         "\
 name: x
@@ -366,8 +353,7 @@ stages:
       max_iterations: {max_iterations}
       init: {{state: seed.o}}
       carry: {{state: step.o}}
-      stop_when: {{metric: {stop}}}
-    stages:
+{stop}    stages:
       step: {{kind: counting, inputs: {{prev: loop.state}}}}
 {after}"
     )
