@@ -333,6 +333,34 @@ fn report_names_only_a_run_of_the_settings_as_given() {
     assert!(other.contains("no run record names these results"), "{other}");
 }
 
+/// Runs are kept by pipeline name: `--run latest` of one file can be another file's run with the
+/// same name, and the report says whose (its settings and file, not the file given).
+#[test]
+fn a_past_run_of_another_file_with_the_same_name_is_shown_as_that_files() {
+    let dir = tempfile::tempdir().unwrap();
+    for (file, window) in [("a.yaml", 96), ("b.yaml", 640)] {
+        let body = format!(
+            "name: shared\nseed: 1\nstages:\n  \
+             tasks: {{kind: synthesize, params: {{bands: [medium], per_band: 2, split: validation, world_seed: 1}}}}\n  \
+             eval: {{kind: evaluate, inputs: {{tasks: tasks.tasks}}, params: {{policy: expert, label: expert, modes: [flat], limits: {{window: {window}, max_depth: 6, max_children: 4}}}}}}\n"
+        );
+        std::fs::write(dir.path().join(file), body).unwrap();
+    }
+    for file in ["a.yaml", "b.yaml"] {
+        let o = rao(&["run", file], dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = rao(&["report", "a.yaml", "--run", "latest"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let header = out.lines().find(|l| l.starts_with("pipeline shared")).unwrap_or_else(|| panic!("no header:\n{out}"));
+    assert!(header.ends_with(" · of b.yaml"), "{header}");
+    // The file given, by fingerprint: its own results, no note.
+    let o = rao(&["report", "a.yaml"], dir.path());
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(!out.contains(" · of "), "{out}");
+}
+
 #[test]
 fn validate_refuses_an_empty_store_and_a_tracker_that_is_no_url_at_their_lines() {
     let dir = tempfile::tempdir().unwrap();

@@ -763,12 +763,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut table = rao_results::text::eval_table(&rows);
             table += &match &res.run {
                 Some(r) => format!(
-                    "pipeline {} · seed {} · run {} ({}) · {}\n",
+                    "pipeline {} · seed {} · run {} ({}) · {}{}\n",
                     c.name,
                     res.seed,
                     r.run_id,
                     r.status,
-                    rao_results::html::utc(r.started_at)
+                    rao_results::html::utc(r.started_at),
+                    // `--run`: a run of another file with the same pipeline name (or of this one
+                    // before it moved) says which.
+                    if same_file(std::path::Path::new(&res.file), &c.file) { String::new() } else { format!(" · of {}", res.file) }
                 ),
                 None => format!("pipeline {} · seed {} · no run record names these results\n", c.name, res.seed),
             };
@@ -948,4 +951,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Schema => print!("{}", rao_pipeline::schema::pipeline_schema_text(&registry)),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether two paths (as given, from this folder) name one file.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
 }

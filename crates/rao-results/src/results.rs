@@ -158,9 +158,12 @@ impl RunResults {
             Some(r) => r["resolved"].clone(),
             None => serde_json::to_value(c.resolved.for_record())?,
         };
+        // A past run's file as it ran: another file may share the pipeline's name (and so its
+        // runs), or this one may have moved since.
+        let file = past.and_then(|r| r["file"].as_str()).map_or_else(|| c.file.display().to_string(), str::to_string);
         Ok(RunResults {
             pipeline: c.name.clone(),
-            file: c.file.display().to_string(),
+            file,
             store: store.url().to_string(),
             seed: resolved["seed"].as_u64().unwrap_or(0),
             overrides: past
