@@ -361,6 +361,27 @@ fn a_past_run_of_another_file_with_the_same_name_is_shown_as_that_files() {
     assert!(!out.contains(" · of "), "{out}");
 }
 
+/// A value the kind refuses, given by a variant's `set:`, is shown at the base file's use of it
+/// (the line the value goes to) with the variant's line that gave it; given by `--set`, says so.
+#[test]
+fn a_refused_value_names_the_variant_line_or_the_set_that_gave_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("base.yaml"),
+        "name: base\nstages:\n  tasks: {kind: synthesize, params: {bands: [easy], per_band: 2, world_seed: 1}}\n  \
+         eval: {kind: evaluate, inputs: {tasks: tasks.tasks}, params: {policy: expert, modes: [flat]}}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("v.yaml"), "extends: base.yaml\nname: v\nset:\n  stages.eval.params.modes: [sideways]\n").unwrap();
+    let o = rao(&["validate", "v.yaml"], dir.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("base.yaml:4:"), "{}", text(&o));
+    assert!(text(&o).contains("(by v.yaml:4:3)"), "{}", text(&o));
+    let o = rao(&["validate", "base.yaml", "--set", "stages.eval.params.modes=[sideways]"], dir.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("(by --set)"), "{}", text(&o));
+}
+
 #[test]
 fn validate_refuses_an_empty_store_and_a_tracker_that_is_no_url_at_their_lines() {
     let dir = tempfile::tempdir().unwrap();

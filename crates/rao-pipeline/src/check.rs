@@ -37,6 +37,9 @@ pub struct Checker<'l, 'a> {
     /// `PATH=VALUE` changes applied to the file (`--set`, a variant's `set:`): an error in a
     /// value they gave names them, since the file's line shows another value.
     pub overrides: &'l [String],
+    /// Where each of `overrides` was given (`--set` or `FILE:LINE:COLUMN` of a variant's
+    /// `set:`); empty where not known.
+    pub origins: &'l [String],
     pub diags: Vec<Diagnostic>,
 }
 
@@ -174,12 +177,14 @@ impl Checker<'_, '_> {
         match scope.params_in(&s.params, Some(self.source)) {
             Ok(params) => {
                 self.check_io_placeholders(st, &params);
-                let overrides = self.overrides;
+                let (overrides, origins) = (self.overrides, self.origins);
                 let located = |e: crate::kind::ParamError| {
                     let pos = e.key.as_deref().and_then(|k| s.params.key_pos(k)).unwrap_or(st.name.pos);
                     let mut help = e.help.unwrap_or_else(|| format!("`rao schema` lists the params of kind `{}`", kind.name()));
-                    if let Some(given) = e.key.as_deref().and_then(|k| override_of(overrides, st, k)) {
-                        help.push_str(&format!("; the value was given as `{given}` (by --set or a variant's `set:`)"));
+                    if let Some(i) = e.key.as_deref().and_then(|k| override_of(overrides, st, k)) {
+                        let given = crate::run_record::redact_overrides(std::slice::from_ref(&overrides[i])).pop().unwrap_or_default();
+                        let by = origins.get(i).map_or("--set or a variant's `set:`", String::as_str);
+                        help.push_str(&format!("; the value was given as `{given}` (by {by})"));
                     }
                     Diagnostic::new(pos, format!("stage `{}`: {}", st.name.value, e.message)).help(help)
                 };
@@ -563,19 +568,18 @@ pub fn top_order(stages: &OrderedMap<StageSpec>) -> Vec<usize> {
     out
 }
 
-/// The override (as recorded: credentials redacted) that gave stage `st`'s param `key` its
-/// value: `stages.ST.params.KEY…` itself, or `params.NAME…` of a global param the file's
-/// value of `key` reads.
-fn override_of(overrides: &[String], st: &Stage, key: &str) -> Option<String> {
+/// Which override (the last, as it wins) gave stage `st`'s param `key` its value:
+/// `stages.ST.params.KEY…` itself, or `params.NAME…` of a global param the file's value of
+/// `key` reads.
+fn override_of(overrides: &[String], st: &Stage, key: &str) -> Option<usize> {
     let top = key.split('.').next().unwrap_or(key);
     let own = format!("stages.{}.params.{top}", st.name.value);
     let raw = st.spec.params.get(top).and_then(|v| v.value.as_str()).unwrap_or("");
-    let given = overrides.iter().rev().find(|o| {
+    overrides.iter().rposition(|o| {
         let path = o.split_once('=').map_or(o.as_str(), |(p, _)| p);
         let reads = |g: &str| raw.contains(&format!("${{params.{g}}}")) || raw.contains(&format!("${{params.{g}."));
         path == own
             || path.starts_with(&format!("{own}."))
             || path.strip_prefix("params.").is_some_and(|g| reads(g) || reads(g.split('.').next().unwrap_or(g)))
-    })?;
-    crate::run_record::redact_overrides(std::slice::from_ref(given)).pop()
+    })
 }

@@ -211,13 +211,14 @@ pub fn load_cached(path: &Path, overrides: &[String], registry: &Registry, cache
     if let Some(hit) = cached.as_ref().and_then(|(cache, key)| cache.get(key, registry)) {
         return Ok(hit);
     }
-    let (label, text, mut all_overrides) = resolve_variant(path, label, text, 0)?;
-    let variant_sets = all_overrides.clone();
-    all_overrides.extend_from_slice(overrides);
+    let (label, text, sets) = resolve_variant(path, label, text, 0)?;
+    let (variant_sets, mut origins): (Vec<String>, Vec<String>) = sets.into_iter().unzip();
+    let all_overrides: Vec<String> = variant_sets.iter().chain(overrides).cloned().collect();
+    origins.extend(overrides.iter().map(|_| "--set".to_string()));
     // Relative paths (store, deps, a shell's working folder) mean what they mean in the file that
     // has the stages: a variant kept in another folder shares its base's store.
     let base = folder_of(Path::new(&label));
-    let mut c = compile_str(&label, &text, &base, &all_overrides, registry)?;
+    let mut c = compile_given(&label, &text, &base, (&all_overrides, &origins), registry)?;
     c.file = path.to_path_buf();
     c.overrides = overrides.to_vec();
     c.variant_sets = variant_sets;
@@ -253,9 +254,13 @@ fn read_pipeline_text(path: &Path) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|e| format!("the pipeline file is not UTF-8 text (byte {})", e.utf8_error().valid_up_to()))
 }
 
+/// A variant's `set:` entries as overrides (outermost variant last), each with where it was
+/// written (`FILE:LINE:COLUMN`), so an error in a value the base file uses can name that line.
+type VariantSets = Vec<(String, String)>;
+
 /// Follow `extends` to the pipeline file that has the stages; returns its label and text and the
-/// overrides (outermost variant last) that turn it into the variant.
-fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Result<(String, String, Vec<String>), Diagnostics> {
+/// overrides that turn it into the variant.
+fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Result<(String, String, VariantSets), Diagnostics> {
     if !may_be_variant(&text) {
         return Ok((label, text, Vec::new()));
     }
@@ -284,16 +289,18 @@ fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Re
         ])
     })?;
     let (base_label, base_text, mut sets) = resolve_variant(&base_path, base_path.display().to_string(), base_text, depth + 1)?;
-    sets.push(format!("name={}", v.name.value));
+    let at = |pos: Pos| format!("{label}:{}:{}", pos.line, pos.column);
+    sets.push((format!("name={}", v.name.value), at(v.name.pos)));
     // Check each change against the base here, so an error points at this file's line.
     let mut spec: PipelineFile =
         crate::parse::parse(&base_text).map_err(|d| Diagnostics { file: base_label.clone(), source: base_text.clone(), items: vec![d] })?;
-    crate::overrides::apply(&mut spec, &sets).map_err(|d| fail(vec![d]))?;
+    let given: Vec<String> = sets.iter().map(|(o, _)| o.clone()).collect();
+    crate::overrides::apply(&mut spec, &given).map_err(|d| fail(vec![d]))?;
     let mut problems = Vec::new();
     for (key, value) in &v.set.entries {
         let o = format!("{}={}", key.value, serde_json::to_string(&value.value).unwrap_or_default());
         match crate::overrides::apply(&mut spec, std::slice::from_ref(&o)) {
-            Ok(()) => sets.push(o),
+            Ok(()) => sets.push((o, at(key.pos))),
             Err(d) => problems.push(Diagnostic { pos: key.pos, message: d.message.replacen("--set ", "set ", 1), help: d.help }),
         }
     }
@@ -305,12 +312,24 @@ fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Re
 
 /// Like [`load`], from text (`label` names it in errors).
 pub fn compile_str(label: &str, text: &str, base_dir: &Path, overrides: &[String], registry: &Registry) -> Result<Compiled, Diagnostics> {
+    compile_given(label, text, base_dir, (overrides, &[]), registry)
+}
+
+/// [`compile_str`] with where each override came from (`--set`, or a variant's line), where known
+/// (the second list is then as long as the first).
+fn compile_given(
+    label: &str,
+    text: &str,
+    base_dir: &Path,
+    (overrides, origins): (&[String], &[String]),
+    registry: &Registry,
+) -> Result<Compiled, Diagnostics> {
     let fail = |items: Vec<Diagnostic>| Diagnostics { file: label.to_string(), source: text.to_string(), items };
     let mut spec: PipelineFile = crate::parse::parse_all(text).map_err(fail)?;
     crate::overrides::apply(&mut spec, overrides).map_err(|d| fail(vec![d]))?;
     let mut diags = Vec::new();
     let lowered = crate::lower::lower(&spec, registry, &mut diags);
-    let mut checker = crate::check::Checker { lowered: &lowered, base_dir, source: text, overrides, diags };
+    let mut checker = crate::check::Checker { lowered: &lowered, base_dir, source: text, overrides, origins, diags };
     checker.check_all();
     if !checker.diags.is_empty() {
         return Err(fail(checker.diags));
