@@ -151,7 +151,7 @@ fn a_hugging_face_model_acts_in_text_through_the_pipeline_and_updates_on_its_own
     assert!(summary.exists());
     let eval =
         rao_core::parquet_io::nodes_from_parquet(std::fs::read(file_of(dir.path(), "evaluate", "trees.parquet")).unwrap().into()).unwrap();
-    assert!(eval.iter().any(|n| n.mode == "flat") && eval.iter().all(|n| n.token_space == trees[0].token_space));
+    assert!(eval.iter().any(|n| n.mode == rao_core::Mode::Flat) && eval.iter().all(|n| n.token_space == trees[0].token_space));
 
     // The prefix cache's size reaches the policy, and the cache changes nothing but the work:
     // without it, every action prefills its whole context and the greedy trees are the same.
@@ -253,7 +253,7 @@ fn the_bring_your_own_model_pipeline_runs_end_to_end_on_a_tiny_model() {
     assert_eq!(last["lora"]["rank"], 16);
     let trees = rao_core::parquet_io::nodes_from_parquet(std::fs::read(path("evaluate", "trees.parquet")).unwrap().into()).unwrap();
     assert!(trees.iter().all(|n| n.token_space.starts_with("model:")));
-    assert!(trees.iter().any(|n| n.mode == "flat") && trees.iter().any(|n| n.mode == "recursive"));
+    assert!(trees.iter().any(|n| n.mode == rao_core::Mode::Flat) && trees.iter().any(|n| n.mode == rao_core::Mode::Recursive));
     for file in ["config.json", "model.safetensors", "tokenizer.json", "adapter/adapter_config.json"] {
         assert!(path("export", file).exists(), "{file}");
     }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use rao_core::tree::Mode;
 use rao_envs::rng::Rng;
 use rao_envs::textcraft::{self, ExpertConfig, World};
 use rao_envs::vocab::{EOS, Tok};
@@ -17,6 +18,9 @@ pub struct Request {
     pub max_new_tokens: usize,
     /// Deterministic per-request seed (tree, node, step), for sampling.
     pub seed: u64,
+    /// How the node's tree runs: what the policy acts as (its prompt says the same in the
+    /// environment's words; policies read it here, never from the tokens).
+    pub mode: Mode,
     /// A text policy's context in its model's own tokens: everything it was fed and sampled for
     /// this node so far, exactly (its earlier `ModelTokens`). Empty for the first action and for
     /// policies acting on the environment's tokens.
@@ -67,6 +71,12 @@ pub trait Policy: Send + Sync {
     /// count the environment's tokens against the window.
     fn counts_own_window(&self) -> bool {
         false
+    }
+    /// After acting: why the trees cannot stand as a measurement of this policy, if they cannot
+    /// (e.g. an endpoint that answered none of its requests: its trees would measure the
+    /// failures, not a model). The stage then fails with this message.
+    fn unusable(&self) -> Option<String> {
+        None
     }
 }
 
@@ -119,7 +129,7 @@ impl Policy for UniformRandom {
             .into_iter()
             .map(|r| {
                 let mut rng = Rng::new(r.seed);
-                let recursive = r.context.get(1).is_some_and(|&t| self.world.vocab.word(t) == "<rec>");
+                let recursive = r.mode.is_recursive();
                 // Log-prob of the verb choice; the rest of a uniform action is not tracked per token.
                 let verbs = if recursive { 5.0f32 } else { 4.0 };
                 finish_action(textcraft::expert::random_action(&self.world, recursive, &mut rng), r.max_new_tokens, -(verbs.ln()))

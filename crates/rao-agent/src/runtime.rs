@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
-use rao_core::tree::{NodeRecord, Turn, status};
+use rao_core::tree::{Mode, NodeRecord, NodeStatus, Turn};
 use rao_envs::vocab::{EOS, OBS, Tok};
 use rao_envs::{Episode, Refusal, Step};
 use serde::{Deserialize, Serialize};
@@ -57,7 +57,7 @@ pub struct TreeSpec {
     pub episode: Arc<dyn Episode>,
     pub task_id: String,
     pub group: i32,
-    pub recursive: bool,
+    pub mode: Mode,
     pub seed: u64,
 }
 
@@ -133,7 +133,7 @@ pub async fn run_trees_observed(
         .enumerate()
         .map(|(idx, spec)| {
             let limits =
-                if spec.recursive { limits } else { Limits { max_depth: 0, max_children: 0, max_nodes: 1, subtree_steps: None, ..limits } };
+                if spec.mode.is_recursive() { limits } else { Limits { max_depth: 0, max_children: 0, max_nodes: 1, subtree_steps: None, ..limits } };
             Arc::new(TreeCtx {
                 idx,
                 spec,
@@ -197,7 +197,8 @@ fn run_node(
         let ep = tree.spec.episode.clone();
         let vocab = ep.vocab();
         let limits = tree.limits;
-        let recursive = tree.spec.recursive;
+        let mode = tree.spec.mode;
+        let recursive = mode.is_recursive();
         let started_ms = now_ms();
         let prompt = ep.prompt(&goal, depth, recursive);
         let mut context = prompt.clone();
@@ -208,7 +209,7 @@ fn run_node(
         // Results of finished children, in launch order: the node's variables.
         let mut child_results: Vec<Option<String>> = Vec::new();
         let mut children_launched: u32 = 0;
-        let mut end_status = if context.len() >= limits.window { Some(status::CONTEXT_OVERFLOW) } else { None };
+        let mut end_status = if context.len() >= limits.window { Some(NodeStatus::ContextOverflow) } else { None };
         let mut steps: u32 = 0;
         // A text policy's context in its model's tokens, and what it was fed before each action.
         let mut model_context: Vec<u32> = Vec::new();
@@ -219,13 +220,14 @@ fn run_node(
         while end_status.is_none() {
             let own_budget = if depth == 0 { limits.root_step_budget.unwrap_or(limits.step_budget) } else { limits.step_budget };
             if steps >= own_budget || budget.is_some_and(|total| steps + descendant_steps >= total) {
-                end_status = Some(status::STEP_BUDGET);
+                end_status = Some(NodeStatus::StepBudget);
                 break;
             }
             let req = Request {
                 context: context.clone(),
                 max_new_tokens: limits.window - context.len(),
                 seed: request_seed(tree.spec.seed, &path, steps),
+                mode,
                 model_context: model_context.clone(),
             };
             let (resp, ticket) = b.request((tree.idx, path.clone()), req).await;
@@ -250,7 +252,7 @@ fn run_node(
             if resp.tokens.last() != Some(&EOS) {
                 // The action did not fit in the window.
                 turns.push(turn);
-                end_status = Some(status::CONTEXT_OVERFLOW);
+                end_status = Some(NodeStatus::ContextOverflow);
                 b.end_turn(ticket);
                 break;
             }
@@ -266,7 +268,7 @@ fn run_node(
             let obs: Vec<Tok> = match out.step {
                 Step::Finish => {
                     turns.push(turn);
-                    end_status = Some(status::FINISHED);
+                    end_status = Some(NodeStatus::Finished);
                     b.end_turn(ticket);
                     break;
                 }
@@ -328,7 +330,7 @@ fn run_node(
                             turn.observation = vocab.text(&receipts);
                             if context.len() + receipts.len() > limits.window {
                                 turns.push(turn);
-                                end_status = Some(status::CONTEXT_OVERFLOW);
+                                end_status = Some(NodeStatus::ContextOverflow);
                                 break;
                             }
                             context.extend(&receipts);
@@ -342,7 +344,7 @@ fn run_node(
             turn.observation = vocab.text(&obs);
             if context.len() + obs.len() > limits.window {
                 turns.push(turn);
-                end_status = Some(status::CONTEXT_OVERFLOW);
+                end_status = Some(NodeStatus::ContextOverflow);
                 b.end_turn(ticket);
                 break;
             }
@@ -351,8 +353,8 @@ fn run_node(
             turns.push(turn);
             b.end_turn(ticket);
         }
-        let status = end_status.unwrap_or(status::STEP_BUDGET);
-        let score = ep.verify(&goal, status == status::FINISHED, result.as_deref(), &subtree);
+        let status = end_status.unwrap_or(NodeStatus::StepBudget);
+        let score = ep.verify(&goal, status == NodeStatus::Finished, result.as_deref(), &subtree);
         let generated: usize = turns.iter().map(|t| t.completion_ids.len()).sum();
         let text = !model_fed.is_empty();
         let (prompt_ids, context_tokens, token_space) = if text {
@@ -369,7 +371,7 @@ fn run_node(
             run: tree.meta.run.clone(),
             iteration: tree.meta.iteration,
             env: tree.meta.env.clone(),
-            mode: if tree.spec.recursive { "recursive" } else { "flat" }.to_string(),
+            mode,
             task_id: tree.spec.task_id.clone(),
             group: tree.spec.group,
             depth: depth as i32,
@@ -378,7 +380,7 @@ fn run_node(
             policy_version: tree.version,
             goal: vocab.text(&goal),
             goal_ids: goal.clone(),
-            status: status.to_string(),
+            status,
             score,
             steps: steps as i32,
             token_space,

@@ -1,6 +1,7 @@
 //! The situation RAO exists for: with a small window the recursive expert solves every band
 //! while the flat expert overflows on deep tasks. Prints the success table per window.
 
+use rao_core::tree::{Mode, NodeStatus};
 use std::sync::Arc;
 
 use rao_agent::{Batcher, Limits, RunMeta, ScriptedExpert, TreeSpec, run_trees};
@@ -17,7 +18,7 @@ async fn success(world: &Arc<World>, band: Band, recursive: bool, window: usize)
             episode: Arc::new(TextCraftEpisode::new(world.clone(), t.clone())),
             task_id: t.id.clone(),
             group: 0,
-            recursive,
+            mode: Mode::from_recursive(recursive),
             seed: 1,
         })
         .collect();
@@ -44,7 +45,7 @@ async fn small_world_recursive_expert_solves_every_band_and_flat_overflows() {
                 }
                 if !recursive && window == 96 && band != Band::Easy {
                     assert_eq!(s, 0.0, "flat expert, {band:?}, W=96");
-                    assert!(trees.iter().all(|t| t[0].status == "context_overflow"));
+                    assert!(trees.iter().all(|t| t[0].status == NodeStatus::ContextOverflow));
                 }
             }
             println!("{line}");

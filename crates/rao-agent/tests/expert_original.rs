@@ -1,6 +1,7 @@
 //! The scripted expert on the original TextCraft files (the fixture in the published layout):
 //! flat and recursive, it solves every task that can be done, at the window stated here.
 
+use rao_core::tree::Mode;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -30,7 +31,7 @@ async fn run(world: &Arc<World>, tasks: &[Task], recursive: bool, window: usize,
             episode: Arc::new(TextCraftEpisode::new(world.clone(), t.clone())),
             task_id: t.id.clone(),
             group: 0,
-            recursive,
+            mode: Mode::from_recursive(recursive),
             seed: 1,
         })
         .collect();

@@ -3,6 +3,7 @@
 //! context). Seeded generation, hand-checked verifiers, the experts' success flat vs recursive,
 //! context overflow, and every expert action accepted by the environment's grammar.
 
+use rao_core::tree::{Mode, NodeStatus};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ async fn run(policy: Arc<dyn Policy>, episodes: Vec<Arc<dyn Episode>>, recursive
     let trees = episodes
         .into_iter()
         .enumerate()
-        .map(|(i, episode)| TreeSpec { episode, task_id: format!("t{i}"), group: 0, recursive, seed: 1 })
+        .map(|(i, episode)| TreeSpec { episode, task_id: format!("t{i}"), group: 0, mode: Mode::from_recursive(recursive), seed: 1 })
         .collect();
     let out = run_trees(&b, trees, limits, RunMeta::default()).await;
     b.close();
@@ -149,7 +150,7 @@ async fn the_recursive_expert_counts_long_documents_exactly_and_the_flat_one_can
         }))
     };
     let over = run(greedy, episodes()[..3].to_vec(), false, doc_limits(false)).await;
-    assert!(over.iter().all(|t| t[0].status == "context_overflow" && t[0].score == 0.0 && t[0].context_tokens <= 96));
+    assert!(over.iter().all(|t| t[0].status == NodeStatus::ContextOverflow && t[0].score == 0.0 && t[0].context_tokens <= 96));
 }
 
 fn hop_setup() -> (Arc<multihop::Lang>, Vec<multihop::HopTask>) {
@@ -228,7 +229,7 @@ async fn the_recursive_expert_answers_every_chain_and_the_flat_one_only_two_hops
             assert!(fs <= 0.2, "flat, 3 hops: {fs}");
         } else {
             assert_eq!(fs, 0.0, "flat, {k} hops");
-            assert!(f.iter().all(|t| t[0].status == "context_overflow"));
+            assert!(f.iter().all(|t| t[0].status == NodeStatus::ContextOverflow));
         }
     }
     println!("{line}");

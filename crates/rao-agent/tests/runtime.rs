@@ -1,6 +1,7 @@
 //! The recursive runtime: caps refuse as observations, overflows end nodes, siblings run
 //! concurrently, policy calls are batched across trees, and the same seed gives the same trees.
 
+use rao_core::tree::{Mode, NodeStatus};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -30,7 +31,7 @@ async fn run(
             episode: Arc::new(TextCraftEpisode::new(world.clone(), t.clone())),
             task_id: t.id.clone(),
             group: i as i32,
-            recursive,
+            mode: Mode::from_recursive(recursive),
             seed: 100 + i as u64,
         })
         .collect();
@@ -76,7 +77,7 @@ async fn caps_refuse_launches_as_observations() {
         assert!(refusals.contains(&"<obs> err depth"));
         assert!(refusals.iter().any(|r| *r == "<obs> err children" || *r == "<obs> err nodes"));
         assert!(t.iter().all(|n| n.steps <= 4), "step budget holds");
-        assert!(t.iter().any(|n| n.status == "step_budget"));
+        assert!(t.iter().any(|n| n.status == NodeStatus::StepBudget));
     }
 }
 
@@ -87,7 +88,7 @@ async fn a_flat_agent_overflows_its_window_on_deep_tasks() {
     let (trees, _) = run(&w, expert, Band::Hard, 6, false, Limits::flat(96)).await;
     for t in &trees {
         assert_eq!(t.len(), 1);
-        assert_eq!(t[0].status, "context_overflow");
+        assert_eq!(t[0].status, NodeStatus::ContextOverflow);
         assert_eq!(t[0].score, 0.0);
         assert!(t[0].context_tokens <= 96);
     }

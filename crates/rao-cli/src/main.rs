@@ -615,7 +615,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let record = rao_pipeline::run(c.clone(), exec, &store, opts).await?;
             export_run(&c, &store, &record.run_id, &targets).await;
             let evaluated = record.instances.iter().any(|i| {
-                i.kind == "evaluate" && matches!(i.status, rao_pipeline::InstanceStatus::Done | rao_pipeline::InstanceStatus::Cached)
+                i.kind == rao_stages::kinds::EVALUATE && matches!(i.status, rao_pipeline::InstanceStatus::Done | rao_pipeline::InstanceStatus::Cached)
             });
             if !json && evaluated {
                 // Where the results are: the same file and overrides, read back by fingerprint.
@@ -725,17 +725,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 task,
                 group,
                 mode: mode.map(|m| match m {
-                    ModeArg::Recursive => "recursive".to_string(),
-                    ModeArg::Flat => "flat".to_string(),
+                    ModeArg::Recursive => rao_core::Mode::Recursive,
+                    ModeArg::Flat => rao_core::Mode::Flat,
                 }),
                 band,
-                status: status.map(|s| {
-                    match s {
-                        StatusArg::Finished => rao_core::tree::status::FINISHED,
-                        StatusArg::StepBudget => rao_core::tree::status::STEP_BUDGET,
-                        StatusArg::ContextOverflow => rao_core::tree::status::CONTEXT_OVERFLOW,
-                    }
-                    .to_string()
+                status: status.map(|s| match s {
+                    StatusArg::Finished => rao_core::NodeStatus::Finished,
+                    StatusArg::StepBudget => rao_core::NodeStatus::StepBudget,
+                    StatusArg::ContextOverflow => rao_core::NodeStatus::ContextOverflow,
                 }),
                 failed,
             };
@@ -747,12 +744,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let res = rao_results::RunResults::load(&c, &store, run.as_deref()).await?;
             // A past run (`--run`) is produced again under its own --set values.
             let again = PipelineArgs { set: if run.is_some() { res.overrides.clone() } else { p.set.clone() }, ..p.clone() };
-            for (name, why) in res.missing.iter().filter(|(n, _)| c.instances.iter().any(|i| &i.name == n && i.kind == "evaluate")) {
+            for (name, why) in res.missing.iter().filter(|(n, _)| c.instances.iter().any(|i| &i.name == n && i.kind == rao_stages::kinds::EVALUATE)) {
                 let given = if run.is_some() { "for that run" } else { "for this pipeline as given" };
                 eprintln!("{name}: not in the store {given} ({why}); `{}` produces it", run_command(&again));
             }
             let rows: Vec<_> = res.evaluations.iter().flat_map(|e| e.rows.iter().cloned()).collect();
-            if rows.is_empty() && res.run.is_none() && c.instances.iter().any(|i| i.kind == "evaluate") {
+            if rows.is_empty() && res.run.is_none() && c.instances.iter().any(|i| i.kind == rao_stages::kinds::EVALUATE) {
                 anyhow::bail!(
                     "nothing to report: no run and no evaluation of pipeline `{}` with seed {} is in the store; `{}` produces them",
                     c.name,

@@ -5,4 +5,4 @@ pub mod parquet_io;
 pub mod rao;
 pub mod tree;
 
-pub use tree::{NodeRecord, Turn};
+pub use tree::{GroupKey, Mode, NodeRecord, NodeStatus, TreeKey, Turn};

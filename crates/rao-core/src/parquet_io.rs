@@ -26,6 +26,13 @@ pub enum IoError {
     Parquet(#[from] parquet::errors::ParquetError),
     #[error("column `{0}` is missing or has the wrong type")]
     Column(String),
+    #[error("column `{column}`, row {row}: {source}")]
+    Name {
+        column: &'static str,
+        row: usize,
+        #[source]
+        source: crate::tree::UnknownName,
+    },
 }
 
 fn list_of(dt: DataType) -> DataType {
@@ -143,7 +150,7 @@ pub fn nodes_to_parquet(nodes: &[NodeRecord]) -> IoResult<Bytes> {
         strings(&|n| Some(&n.run)),
         ints(&|n| Some(n.iteration)),
         strings(&|n| Some(&n.env)),
-        strings(&|n| Some(&n.mode)),
+        strings(&|n| Some(n.mode.as_str())),
         strings(&|n| Some(&n.band)),
         strings(&|n| Some(&n.task_id)),
         ints(&|n| Some(n.group)),
@@ -155,7 +162,7 @@ pub fn nodes_to_parquet(nodes: &[NodeRecord]) -> IoResult<Bytes> {
         ints(&|n| Some(n.policy_version)),
         strings(&|n| Some(&n.goal)),
         u32_list(nodes.iter().map(|n| n.goal_ids.clone())),
-        strings(&|n| Some(&n.status)),
+        strings(&|n| Some(n.status.as_str())),
         floats(&|n| Some(n.score)),
         strings(&|n| n.judge.as_deref()),
         floats(&|n| n.local_reward),
@@ -225,18 +232,25 @@ fn u32s(a: &dyn Array) -> Vec<u32> {
     a.as_primitive::<UInt32Type>().values().to_vec()
 }
 
+/// Row `r` of a column of names (`mode`, `status`) as the enum it names.
+fn name<T: std::str::FromStr<Err = crate::tree::UnknownName>>(column: &'static str, a: &arrow::array::StringArray, r: usize) -> IoResult<T> {
+    a.value(r).parse().map_err(|source| IoError::Name { column, row: r, source })
+}
+
 /// Decode nodes from a Parquet file written by [`nodes_to_parquet`].
 pub fn nodes_from_parquet(bytes: Bytes) -> IoResult<Vec<NodeRecord>> {
     let mut out = Vec::new();
     for b in read_batches(bytes)? {
-        let s = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_string::<i32>().clone()) };
-        let i = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_primitive::<Int32Type>().clone()) };
-        let f = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_primitive::<Float64Type>().clone()) };
-        let l = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_list::<i32>().clone()) };
+        let wrong = |n: &str| IoError::Column(n.into());
+        let s = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_string_opt::<i32>().ok_or_else(|| wrong(n))?.clone()) };
+        let i = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_primitive_opt::<Int32Type>().ok_or_else(|| wrong(n))?.clone()) };
+        let f = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_primitive_opt::<Float64Type>().ok_or_else(|| wrong(n))?.clone()) };
+        let l = |n: &str| -> IoResult<_> { Ok(col(&b, n)?.as_list_opt::<i32>().ok_or_else(|| wrong(n))?.clone()) };
         let (run, env, task, goal, status, judge, result) =
             (s("run")?, s("env")?, s("task_id")?, s("goal")?, s("status")?, s("judge")?, s("result")?);
+        let mode = s("mode")?;
         // Columns added later: files written before them read as empty strings.
-        let (mode, band, token_space) = (s("mode").ok(), s("band").ok(), s("token_space").ok());
+        let (band, token_space) = (s("band").ok(), s("token_space").ok());
         let text_or_empty =
             |a: &Option<arrow::array::StringArray>, r: usize| a.as_ref().map(|a| a.value(r).to_string()).unwrap_or_default();
         let (iteration, group, node_id, parent, depth, child, spawn, version, steps, ctx, gen_) = (
@@ -279,7 +293,7 @@ pub fn nodes_from_parquet(bytes: Bytes) -> IoResult<Vec<NodeRecord>> {
                 run: run.value(r).into(),
                 iteration: iteration.value(r),
                 env: env.value(r).into(),
-                mode: text_or_empty(&mode, r),
+                mode: name("mode", &mode, r)?,
                 band: text_or_empty(&band, r),
                 token_space: text_or_empty(&token_space, r),
                 task_id: task.value(r).into(),
@@ -292,7 +306,7 @@ pub fn nodes_from_parquet(bytes: Bytes) -> IoResult<Vec<NodeRecord>> {
                 policy_version: version.value(r),
                 goal: goal.value(r).into(),
                 goal_ids: u32s(goal_ids.value(r).as_ref()),
-                status: status.value(r).into(),
+                status: name("status", &status, r)?,
                 score: score.value(r),
                 judge: opt_s(&judge, r),
                 local_reward: opt_f(&lr, r),

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::tree::NodeRecord;
+use crate::tree::{GroupKey, NodeRecord, TreeKey};
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -42,35 +42,37 @@ pub struct AdvantageStats {
 
 /// Fill `local_reward`, `baseline`, `advantage` and `depth_weight` of every node of kept groups;
 /// nodes of dropped (zero-variance) groups keep `None` and are not trained on.
-/// A group is all trees with the same (iteration, task_id); trees are told apart by `group`.
+/// A group is all trees with the same iteration, mode and task (`GroupKey`); trees are told
+/// apart by `group`.
 pub fn assign(nodes: &mut [NodeRecord], cfg: &AdvantageConfig) -> AdvantageStats {
     // Local rewards.
-    let mut child_scores: BTreeMap<(i32, String, i32, i32), Vec<f64>> = BTreeMap::new();
+    let mut child_scores: BTreeMap<(TreeKey, i32), Vec<f64>> = BTreeMap::new();
     for n in nodes.iter() {
         if let Some(p) = n.parent_id {
-            child_scores.entry((n.iteration, n.task_id.clone(), n.group, p)).or_default().push(n.score);
+            child_scores.entry((n.tree_key(), p)).or_default().push(n.score);
         }
     }
     let local: Vec<f64> = nodes
         .iter()
         .map(|n| {
             let bonus = child_scores
-                .get(&(n.iteration, n.task_id.clone(), n.group, n.node_id))
+                .get(&(n.tree_key(), n.node_id))
                 .map(|c| c.iter().sum::<f64>() / c.len() as f64)
                 .unwrap_or(0.0);
             n.score + cfg.lambda * bonus
         })
         .collect();
     // Root rewards per task group.
-    let mut roots: BTreeMap<(i32, String), BTreeMap<i32, f64>> = BTreeMap::new();
+    let mut roots: BTreeMap<GroupKey, BTreeMap<i32, f64>> = BTreeMap::new();
     for (n, r) in nodes.iter().zip(&local) {
         if n.parent_id.is_none() {
-            roots.entry((n.iteration, n.task_id.clone())).or_default().insert(n.group, *r);
+            let tree = n.tree_key();
+            roots.entry(tree.group_key()).or_default().insert(tree.group, *r);
         }
     }
     let mut stats = AdvantageStats { groups: roots.len(), ..Default::default() };
-    let mut baseline: BTreeMap<(i32, String, i32), f64> = BTreeMap::new();
-    for ((it, task), rs) in &roots {
+    let mut baseline: BTreeMap<TreeKey, f64> = BTreeMap::new();
+    for (group, rs) in &roots {
         let g = rs.len();
         let total: f64 = rs.values().sum();
         let centred: Vec<f64> = rs.values().map(|r| r - total / g as f64).collect();
@@ -84,10 +86,10 @@ pub fn assign(nodes: &mut [NodeRecord], cfg: &AdvantageConfig) -> AdvantageStats
                 Baseline::LeaveOneOut => (total - r) / (g - 1) as f64,
                 Baseline::Mean => total / g as f64,
             };
-            baseline.insert((*it, task.clone(), *grp), b);
+            baseline.insert(group.tree(*grp), b);
         }
     }
-    let kept: Vec<bool> = nodes.iter().map(|n| baseline.contains_key(&(n.iteration, n.task_id.clone(), n.group))).collect();
+    let kept: Vec<bool> = nodes.iter().map(|n| baseline.contains_key(&n.tree_key())).collect();
     for (n, k) in nodes.iter().zip(&kept) {
         if *k {
             *stats.nodes_per_depth.entry(n.depth).or_default() += 1;
@@ -110,7 +112,7 @@ pub fn assign(nodes: &mut [NodeRecord], cfg: &AdvantageConfig) -> AdvantageStats
             n.depth_weight = None;
             continue;
         }
-        let b = baseline[&(n.iteration, n.task_id.clone(), n.group)];
+        let b = baseline[&n.tree_key()];
         let w = weights[&n.depth];
         n.baseline = Some(b);
         n.depth_weight = Some(w);

@@ -17,11 +17,121 @@ pub struct Turn {
     pub observation: String,
 }
 
-/// How a node ended.
-pub mod status {
-    pub const FINISHED: &str = "finished";
-    pub const STEP_BUDGET: &str = "step_budget";
-    pub const CONTEXT_OVERFLOW: &str = "context_overflow";
+/// How a tree was run: recursively (nodes may spawn children) or flat (one node does it all).
+/// An evaluation runs the same tasks both ways. Parquet keeps the lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Recursive,
+    Flat,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 2] = [Mode::Recursive, Mode::Flat];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Recursive => "recursive",
+            Mode::Flat => "flat",
+        }
+    }
+
+    pub fn is_recursive(self) -> bool {
+        self == Mode::Recursive
+    }
+
+    pub fn from_recursive(recursive: bool) -> Mode {
+        if recursive { Mode::Recursive } else { Mode::Flat }
+    }
+}
+
+/// How a node ended. Parquet keeps the snake_case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeStatus {
+    /// The node said `finish` (or its environment's equivalent).
+    #[default]
+    Finished,
+    /// It used up its steps (or its subtree's share of the step budget).
+    StepBudget,
+    /// Its context reached the window.
+    ContextOverflow,
+}
+
+impl NodeStatus {
+    pub const ALL: [NodeStatus; 3] = [NodeStatus::Finished, NodeStatus::StepBudget, NodeStatus::ContextOverflow];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeStatus::Finished => "finished",
+            NodeStatus::StepBudget => "step_budget",
+            NodeStatus::ContextOverflow => "context_overflow",
+        }
+    }
+}
+
+/// A name that is not one of an enum's: what it was, and the names allowed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("`{value}` is not a {what} (one of: {allowed})")]
+pub struct UnknownName {
+    pub what: &'static str,
+    pub value: String,
+    pub allowed: String,
+}
+
+macro_rules! named_enum {
+    ($t:ty, $what:literal) => {
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+        impl std::str::FromStr for $t {
+            type Err = UnknownName;
+            fn from_str(s: &str) -> Result<Self, UnknownName> {
+                <$t>::ALL.into_iter().find(|v| v.as_str() == s).ok_or_else(|| UnknownName {
+                    what: $what,
+                    value: s.to_string(),
+                    allowed: <$t>::ALL.map(|v| v.as_str()).join(", "),
+                })
+            }
+        }
+    };
+}
+named_enum!(Mode, "mode");
+named_enum!(NodeStatus, "node status");
+
+/// Which tree a node belongs to. The trees of one iteration, mode and task form a group (RAO's
+/// baseline compares them); `group` tells its G trees apart. Ordered by iteration, mode, task,
+/// then tree.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TreeKey {
+    pub iteration: i32,
+    pub mode: Mode,
+    pub task_id: String,
+    pub group: i32,
+}
+
+/// A group of trees: one task's G trees of one iteration and mode.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupKey {
+    pub iteration: i32,
+    pub mode: Mode,
+    pub task_id: String,
+}
+
+impl GroupKey {
+    /// Tree `group` of this group.
+    pub fn tree(&self, group: i32) -> TreeKey {
+        TreeKey { iteration: self.iteration, mode: self.mode, task_id: self.task_id.clone(), group }
+    }
+}
+
+impl TreeKey {
+    pub fn group_key(&self) -> GroupKey {
+        GroupKey { iteration: self.iteration, mode: self.mode, task_id: self.task_id.clone() }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -29,8 +139,8 @@ pub struct NodeRecord {
     pub run: String,
     pub iteration: i32,
     pub env: String,
-    /// `recursive` or `flat`: how the tree was run (an evaluation runs the same tasks both ways).
-    pub mode: String,
+    /// How the tree was run (an evaluation runs the same tasks both ways).
+    pub mode: Mode,
     /// The task's report group: TextCraft band, document length, hop count (empty if it has none).
     pub band: String,
     pub task_id: String,
@@ -45,7 +155,7 @@ pub struct NodeRecord {
     pub policy_version: i32,
     pub goal: String,
     pub goal_ids: Vec<u32>,
-    pub status: String,
+    pub status: NodeStatus,
     pub score: f64,
     pub judge: Option<String>,
     pub local_reward: Option<f64>,
@@ -73,6 +183,11 @@ pub struct NodeRecord {
 }
 
 impl NodeRecord {
+    /// The tree this node belongs to.
+    pub fn tree_key(&self) -> TreeKey {
+        TreeKey { iteration: self.iteration, mode: self.mode, task_id: self.task_id.clone(), group: self.group }
+    }
+
     /// The node's training sequence (prompt, then each completion and observation) with the
     /// loss mask (true on generated tokens) and behaviour log-probs (0 where not generated).
     pub fn sequence(&self) -> (Vec<u32>, Vec<bool>, Vec<f32>) {

@@ -51,9 +51,17 @@ pub fn conversation(episode: &dyn Episode, ctx: &[Tok]) -> Option<Vec<Message>> 
     Some(out)
 }
 
+/// A node's context read back from its conversation, and whether the node acts recursively
+/// (which instructions its system message gave).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConversationContext {
+    pub tokens: Vec<Tok>,
+    pub recursive: bool,
+}
+
 /// The node context a conversation of this environment stands for: the inverse of
 /// [`conversation`], checked by rendering it back (anything else is refused, saying what differs).
-pub fn context_of(episode: &dyn Episode, messages: &[Message]) -> Result<Vec<Tok>, String> {
+pub fn context_of(episode: &dyn Episode, messages: &[Message]) -> Result<ConversationContext, String> {
     let ids = |text: &str| word_ids(episode.vocab(), text).map_err(|e| e.to_string());
     let [system, first, rest @ ..] = messages else { return Err("a conversation starts with the system and the goal messages".into()) };
     let recursive = system.content == episode.instructions(true);
@@ -75,7 +83,7 @@ pub fn context_of(episode: &dyn Episode, messages: &[Message]) -> Result<Vec<Tok
         }
     }
     match conversation(episode, &ctx) {
-        Some(back) if back == messages => Ok(ctx),
+        Some(back) if back == messages => Ok(ConversationContext { tokens: ctx, recursive }),
         Some(back) => {
             let at = back.iter().zip(messages).position(|(a, b)| a != b).unwrap_or(back.len().min(messages.len()));
             Err(format!(

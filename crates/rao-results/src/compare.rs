@@ -5,6 +5,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use rao_core::Mode;
 use rao_stages::evaluate::EvalRow;
 
 use crate::stats;
@@ -103,7 +104,7 @@ pub struct ParamDiff {
 #[derive(Debug, Clone, Serialize)]
 pub struct Cell {
     pub evaluation: String,
-    pub mode: String,
+    pub mode: Mode,
     pub band: String,
     pub metric: Metric,
     pub arm: usize,
@@ -176,7 +177,7 @@ pub fn compare(arms: &[Arm], metrics: &[Metric]) -> Comparison {
     }
 }
 
-type Key = (String, String, String);
+type Key = (String, Mode, String);
 
 fn rows_of(arms: &[Arm]) -> impl Iterator<Item = &EvalRow> {
     arms.iter().flat_map(|a| a.runs.iter().flat_map(|r| r.evaluations.iter().flat_map(|(_, rows)| rows.iter())))
@@ -189,7 +190,7 @@ fn row_keys(arms: &[Arm]) -> Vec<Key> {
         for r in &a.runs {
             for (inst, rows) in &r.evaluations {
                 for row in rows {
-                    let k = (inst.clone(), row.mode.clone(), row.band.clone());
+                    let k = (inst.clone(), row.mode, row.band.clone());
                     if !keys.contains(&k) {
                         keys.push(k);
                     }
@@ -225,7 +226,7 @@ fn cell(arm: &Arm, a: usize, key: &Key, metric: Metric) -> Option<Cell> {
     };
     Some(Cell {
         evaluation: key.0.clone(),
-        mode: key.1.clone(),
+        mode: key.1,
         band: key.2.clone(),
         metric,
         arm: a,
@@ -282,7 +283,7 @@ mod tests {
     fn row(nodes: f64, success: f64) -> EvalRow {
         EvalRow {
             label: "rao".into(),
-            mode: "recursive".into(),
+            mode: Mode::Recursive,
             band: "hard".into(),
             tasks: 40,
             success,

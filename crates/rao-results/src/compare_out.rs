@@ -73,9 +73,9 @@ pub fn markdown(cmp: &Comparison) -> String {
     }
     for m in metrics {
         let _ = write!(s, "\n**{}**\n\n| evaluation | mode | band |{}\n|---|---|---|{}\n", m.name(), head(n), "---|".repeat(n));
-        let mut keys: Vec<(&str, &str, &str)> = Vec::new();
+        let mut keys: Vec<(&str, rao_core::Mode, &str)> = Vec::new();
         for c in cmp.cells.iter().filter(|c| c.metric == m) {
-            let k = (c.evaluation.as_str(), c.mode.as_str(), c.band.as_str());
+            let k = (c.evaluation.as_str(), c.mode, c.band.as_str());
             if !keys.contains(&k) {
                 keys.push(k);
             }
@@ -131,7 +131,7 @@ pub fn csv(cmp: &Comparison) -> String {
             file.clone(),
             c.evaluation.clone(),
             c.label.clone(),
-            c.mode.clone(),
+            c.mode.to_string(),
             c.band.clone(),
             c.metric.name().to_string(),
             seeds.join(" "),

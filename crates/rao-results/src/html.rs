@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use rao_core::Mode;
 use rao_stages::evaluate::EvalRow;
 
 use crate::plots::{self, Axes, Bars, Line, Palette};
@@ -44,8 +45,8 @@ fn series_of(r: &EvalRow) -> String {
 }
 
 /// One hue per evaluation label; the flat mode in a lighter shade of it.
-fn colour_of(palette: &mut Palette, label: &str, mode: &str) -> plotters::style::RGBColor {
-    if mode == "flat" { palette.light(label) } else { palette.colour(label) }
+fn colour_of(palette: &mut Palette, label: &str, mode: Mode) -> plotters::style::RGBColor {
+    if mode == Mode::Flat { palette.light(label) } else { palette.colour(label) }
 }
 
 pub fn page(res: &RunResults) -> String {
@@ -149,7 +150,7 @@ fn eval_table(evaluations: &[Evaluation]) -> String {
                 "<tr><td class='l' title='{}'>{}</td><td class='l'>{}</td><td class='l'>{}</td><td>{}</td><td>{:.2}</td><td>[{:.2}, {:.2}]</td>",
                 esc(&e.instance),
                 esc(&r.label),
-                esc(&r.mode),
+                r.mode,
                 esc(&r.band),
                 r.tasks,
                 r.success,
@@ -209,7 +210,7 @@ fn bar_chart(rows: &[&EvalRow], palette: &mut Palette, chart: Chart, value: &dyn
         .iter()
         .map(|(name, first, per)| Bars {
             name,
-            colour: colour_of(palette, &first.label, &first.mode),
+            colour: colour_of(palette, &first.label, first.mode),
             values: per.iter().map(|r| r.map(value)).collect(),
             intervals: chart.with_ci.then(|| per.iter().map(|r| r.map(|r| (r.ci_low, r.ci_high))).collect()),
         })
@@ -254,10 +255,10 @@ fn depth_and_cost(evaluations: &[Evaluation], rows: &[&EvalRow], palette: &mut P
     let mut hist: Vec<(String, plotters::style::RGBColor, BTreeMap<i32, usize>)> = Vec::new();
     for e in evaluations {
         let label = e.rows.first().map(|r| r.label.clone()).unwrap_or_else(|| e.instance.clone());
-        let mut modes: Vec<&String> = e.depths.keys().collect();
-        modes.sort_by_key(|m| e.rows.iter().position(|r| &&r.mode == m).unwrap_or(usize::MAX));
+        let mut modes: Vec<Mode> = e.depths.keys().copied().collect();
+        modes.sort_by_key(|m| e.rows.iter().position(|r| r.mode == *m).unwrap_or(usize::MAX));
         for mode in modes {
-            hist.push((format!("{label} · {mode}"), colour_of(palette, &label, mode), e.depths[mode].clone()));
+            hist.push((format!("{label} · {mode}"), colour_of(palette, &label, mode), e.depths[&mode].clone()));
         }
     }
     if !hist.is_empty() {

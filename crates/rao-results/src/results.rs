@@ -8,7 +8,9 @@ use anyhow::Context;
 use rao_pipeline::manifest::{self, Manifest};
 use rao_pipeline::plan::State;
 use rao_pipeline::{Compiled, Store};
+use rao_core::{Mode, TreeKey};
 use rao_stages::evaluate::EvalRow;
+use rao_stages::kinds::EVALUATE;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -56,7 +58,7 @@ pub struct Evaluation {
     pub finished_at: f64,
     pub rows: Vec<EvalRow>,
     /// Trees per maximum depth, per mode.
-    pub depths: BTreeMap<String, BTreeMap<i32, usize>>,
+    pub depths: BTreeMap<Mode, BTreeMap<i32, usize>>,
 }
 
 /// One metric of one loop-body stage over the iterations.
@@ -148,7 +150,7 @@ impl RunResults {
         }
         let mut evaluations = Vec::new();
         // A loop body's evaluations (`every: N`) are learning curves, not results of the run.
-        for i in instances.iter().filter(|i| i.kind == "evaluate" && i.iteration().is_none()) {
+        for i in instances.iter().filter(|i| i.kind == EVALUATE && i.iteration().is_none()) {
             evaluations.push(load_evaluation(store, i).await?);
         }
         // A past run's own settings; else the file's as given, which the results were found by
@@ -190,7 +192,7 @@ pub async fn evaluations(c: &Compiled, store: &Store) -> anyhow::Result<(Vec<(St
     let mut found = Vec::new();
     let mut missing = Vec::new();
     // `STAGE@k`: an evaluation inside a loop (a learning curve's point), not a result to compare.
-    for r in rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.kind == "evaluate" && !r.instance.contains('@')) {
+    for r in rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.kind == EVALUATE && !r.instance.contains('@')) {
         let rows = match (&r.state, &r.fingerprint) {
             (State::Done, Some(fp)) => match manifest::read(store, fp).await?.done() {
                 Some(m) => store.get_json::<Vec<EvalRow>>(&format!("{}/summary.json", m.output_prefix("report"))).await?,
@@ -281,16 +283,16 @@ async fn producing_run(
 async fn load_evaluation(store: &Store, i: &Instance) -> anyhow::Result<Evaluation> {
     let prefix = i.manifest.output_prefix("report");
     let rows: Vec<EvalRow> = store.get_json(&format!("{prefix}/summary.json")).await?.unwrap_or_default();
-    let mut depths: BTreeMap<String, BTreeMap<i32, usize>> = BTreeMap::new();
+    let mut depths: BTreeMap<Mode, BTreeMap<i32, usize>> = BTreeMap::new();
     if let Some(bytes) = store.get_opt(&format!("{prefix}/trees.parquet")).await? {
         let nodes = rao_core::parquet_io::nodes_from_parquet(bytes)?;
-        let mut deepest: BTreeMap<(String, String, i32), i32> = BTreeMap::new();
+        let mut deepest: BTreeMap<TreeKey, i32> = BTreeMap::new();
         for n in &nodes {
-            let d = deepest.entry((n.mode.clone(), n.task_id.clone(), n.group)).or_insert(0);
+            let d = deepest.entry(n.tree_key()).or_insert(0);
             *d = (*d).max(n.depth);
         }
-        for ((mode, _, _), d) in deepest {
-            *depths.entry(if mode.is_empty() { "?".into() } else { mode }).or_default().entry(d).or_default() += 1;
+        for (tree, d) in deepest {
+            *depths.entry(tree.mode).or_default().entry(d).or_default() += 1;
         }
     }
     Ok(Evaluation {

@@ -34,7 +34,7 @@ impl TypedStage for Advantage {
         crate::code::of("advantage")
     }
     type Params = AdvantageParams;
-    const NAME: &'static str = "advantage";
+    const NAME: &'static str = crate::kinds::ADVANTAGE;
     const VERSION: u32 = 1;
     const DESCRIBE: &'static str = "RAO advantages: local rewards with delegation bonus, leave-one-out baseline per group, depth weights";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "trees", required: true }];

@@ -56,6 +56,37 @@ fn default_cache() -> String {
     ".rao/chat-cache".into()
 }
 
+/// Most of an error answer's body that is read: enough for any server's message.
+const MAX_ERROR_BODY: usize = 16 * 1024;
+
+/// `: MESSAGE` from an error answer's body — `error.message`, `message` or `detail` of a JSON
+/// body (OpenAI, vLLM, SGLang, FastAPI), else its text — cut to 500 characters, control
+/// characters escaped; empty when the body says nothing.
+async fn server_says(mut resp: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk[..chunk.len().min(MAX_ERROR_BODY - body.len())]),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&body);
+    let message = match serde_json::from_str::<Value>(&text) {
+        Ok(v) => [&v["error"]["message"], &v["message"], &v["detail"], &v["error"]]
+            .into_iter()
+            .find_map(|m| m.as_str().map(str::to_string).or_else(|| (!m.is_null()).then(|| m.to_string())))
+            .unwrap_or_else(|| text.to_string()),
+        Err(_) => text.to_string(),
+    };
+    let message: String = message
+        .trim()
+        .chars()
+        .take(500)
+        .flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] })
+        .collect();
+    if message.is_empty() { String::new() } else { format!(": the server says {message}") }
+}
+
 /// An endpoint's answer: the first choice's content and, when the server returned them, the
 /// log-prob of each token it generated (`choices[0].logprobs.content`, in its own tokens).
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize, Deserialize)]
@@ -180,9 +211,13 @@ impl ChatApi {
                     return Ok(answer);
                 }
                 Ok(resp) if resp.status().is_server_error() || resp.status().as_u16() == 429 => {
-                    last_err = format!("HTTP {}", resp.status())
+                    let status = resp.status();
+                    last_err = format!("HTTP {status}{}", server_says(resp).await)
                 }
-                Ok(resp) => anyhow::bail!("{url} answered HTTP {} (not retried)", resp.status()),
+                Ok(resp) => {
+                    let status = resp.status();
+                    anyhow::bail!("{url} answered HTTP {status} (not retried){}", server_says(resp).await)
+                }
                 // reqwest's errors name the URL, never the headers: the key stays out of logs.
                 Err(e) => last_err = e.to_string(),
             }

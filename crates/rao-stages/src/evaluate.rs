@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 use rao_agent::RunMeta;
-use rao_core::NodeRecord;
+use rao_core::{NodeRecord, NodeStatus};
 use rao_core::parquet_io::{Column, table_to_parquet};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
@@ -72,7 +72,7 @@ fn one_usize() -> usize {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalRow {
     pub label: String,
-    pub mode: String,
+    pub mode: Mode,
     pub band: String,
     pub tasks: usize,
     pub success: f64,
@@ -102,7 +102,7 @@ pub fn wilson(successes: usize, n: usize) -> (f64, f64) {
     ((centre - half).max(0.0), (centre + half).min(1.0))
 }
 
-pub fn summarize(label: &str, mode: &str, band: &str, trees: &[&Vec<NodeRecord>]) -> EvalRow {
+pub fn summarize(label: &str, mode: Mode, band: &str, trees: &[&Vec<NodeRecord>]) -> EvalRow {
     let n = trees.len();
     let ok = trees.iter().filter(|t| t[0].score >= 1.0).count();
     let (lo, hi) = wilson(ok, n);
@@ -110,7 +110,7 @@ pub fn summarize(label: &str, mode: &str, band: &str, trees: &[&Vec<NodeRecord>]
     let sum = |f: &dyn Fn(&Vec<NodeRecord>) -> f64| trees.iter().map(|t| f(t)).sum::<f64>() / nf;
     EvalRow {
         label: label.into(),
-        mode: mode.into(),
+        mode,
         band: band.into(),
         tasks: n,
         success: ok as f64 / nf,
@@ -121,7 +121,7 @@ pub fn summarize(label: &str, mode: &str, band: &str, trees: &[&Vec<NodeRecord>]
         mean_nodes: sum(&|t| t.len() as f64),
         steps_per_task: sum(&|t| t.iter().map(|x| x.steps as f64).sum()),
         tokens_per_task: sum(&|t| t.iter().map(|x| x.context_tokens as f64).sum()),
-        overflow_rate: sum(&|t| t.iter().filter(|x| x.status == "context_overflow").count() as f64 / t.len() as f64),
+        overflow_rate: sum(&|t| t.iter().filter(|x| x.status == NodeStatus::ContextOverflow).count() as f64 / t.len() as f64),
         seconds_per_task: sum(&|t| {
             let start = t.iter().map(|x| x.started_ms).fold(f64::MAX, f64::min);
             let end = t.iter().map(|x| x.finished_ms).fold(f64::MIN, f64::max);
@@ -154,7 +154,7 @@ impl TypedStage for Evaluate {
         rao_policy::machine_profile(p.backend)
     }
     type Params = EvaluateParams;
-    const NAME: &'static str = "evaluate";
+    const NAME: &'static str = crate::kinds::EVALUATE;
     // 2: mean root score column; any environment; 3: fused projections; 4: expert recovery; 5: fused CPU kernels;
     // 6: trees with mode, band, run and env; 7: no HTML page of its own (`rao report` draws one per run)
     const VERSION: u32 = 7;
@@ -193,7 +193,7 @@ impl TypedStage for Evaluate {
             let mut all_nodes = Vec::new();
             let progress = TreeProgress::of(&ctx, p.modes.len() * all.len() * p.group_size);
             for &mode in &p.modes {
-                let mode_name = if mode == Mode::Recursive { "recursive" } else { "flat" };
+                let mode_name = mode.as_str();
                 let limits = p.limits.limits(mode);
                 let trees = match policy.clone() {
                     None => gold_trees(set.as_ref(), &all, mode, p.group_size, limits, meta.clone(), ctx.seed, &progress).await?,
@@ -219,7 +219,7 @@ impl TypedStage for Evaluate {
                     if mine.is_empty() {
                         continue;
                     }
-                    let row = summarize(&label, mode_name, &group, &mine);
+                    let row = summarize(&label, mode, &group, &mine);
                     ctx.set_metric(&format!("{mode_name}_{group}_success"), row.success);
                     rows.push(row);
                 }
@@ -237,6 +237,9 @@ impl TypedStage for Evaluate {
             for (k, v) in policy.iter().flat_map(|p| p.counters()) {
                 ctx.set_metric(k, v);
             }
+            if let Some(why) = policy.as_ref().and_then(|p| p.unusable()) {
+                anyhow::bail!("policy: {why}");
+            }
             write_trees(&ctx, "report", &all_nodes)?;
             ctx.write_output("report", "metrics.parquet", &rows_to_parquet(&rows)?)?;
             ctx.write_output("report", "summary.json", serde_json::to_string_pretty(&rows)?.as_bytes())?;
@@ -251,7 +254,7 @@ fn rows_to_parquet(rows: &[EvalRow]) -> anyhow::Result<bytes::Bytes> {
     let f = |f: &dyn Fn(&EvalRow) -> f64| Column::F64(rows.iter().map(f).collect());
     Ok(table_to_parquet(vec![
         ("label", s(&|r| r.label.clone())),
-        ("mode", s(&|r| r.mode.clone())),
+        ("mode", s(&|r| r.mode.to_string())),
         ("band", s(&|r| r.band.clone())),
         ("tasks", Column::I64(rows.iter().map(|r| r.tasks as i64).collect())),
         ("success", f(&|r| r.success)),

@@ -34,7 +34,7 @@ impl TypedStage for HfExport {
         crate::code::of("hf_export")
     }
     type Params = HfExportParams;
-    const NAME: &'static str = "hf_export";
+    const NAME: &'static str = crate::kinds::HF_EXPORT;
     const VERSION: u32 = 1;
     const DESCRIBE: &'static str = "a language model's checkpoint as a Hugging Face directory (and its LoRA adapters as PEFT's)";
     const INPUTS: &'static [InputDecl] =

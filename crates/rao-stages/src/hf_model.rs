@@ -35,7 +35,7 @@ impl TypedStage for HfModel {
         crate::code::of("hf_model")
     }
     type Params = HfModelParams;
-    const NAME: &'static str = "hf_model";
+    const NAME: &'static str = crate::kinds::HF_MODEL;
     const VERSION: u32 = 1;
     const DESCRIBE: &'static str = "a Hugging Face causal LM directory (a dataset's files) as a checkpoint that acts in text";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "files", required: true }];

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use rao_core::NodeRecord;
+use rao_core::{Mode, NodeRecord, NodeStatus, TreeKey};
 
 /// Which trees to print. `status`: trees with a node that ended that way (`context_overflow`
 /// shows where a window ran out); `failed`: trees whose root did not fully succeed.
@@ -11,13 +11,11 @@ use rao_core::NodeRecord;
 pub struct Filter {
     pub task: Option<String>,
     pub group: Option<i32>,
-    pub mode: Option<String>,
+    pub mode: Option<Mode>,
     pub band: Option<String>,
-    pub status: Option<String>,
+    pub status: Option<NodeStatus>,
     pub failed: bool,
 }
-
-type TreeKey = (String, i32, String, i32);
 
 /// Render the trees of a node table that pass `filter`, at most `limit` of them. An error names
 /// what exists when a task or band is unknown, or when nothing passes the filter.
@@ -38,18 +36,18 @@ pub fn render(nodes: &[NodeRecord], filter: &Filter, limit: usize) -> Result<Str
             ));
         }
     }
-    // A tree is (task, iteration, mode, group): an evaluation runs each task recursive and flat.
+    // An evaluation runs each task recursive and flat: the mode is part of a tree's key.
     let mut trees: BTreeMap<TreeKey, Vec<&NodeRecord>> = BTreeMap::new();
     for n in nodes {
-        trees.entry((n.task_id.clone(), n.iteration, n.mode.clone(), n.group)).or_default().push(n);
+        trees.entry(n.tree_key()).or_default().push(n);
     }
-    trees.retain(|(task, _, mode, group), t| {
+    trees.retain(|key, t| {
         let root_score = t.iter().find(|n| n.parent_id.is_none()).map(|r| r.score).unwrap_or(0.0);
-        filter.task.as_ref().is_none_or(|x| x == task)
-            && filter.group.is_none_or(|g| g == *group)
-            && filter.mode.as_ref().is_none_or(|m| m == mode)
+        filter.task.as_ref().is_none_or(|x| *x == key.task_id)
+            && filter.group.is_none_or(|g| g == key.group)
+            && filter.mode.is_none_or(|m| m == key.mode)
             && filter.band.as_ref().is_none_or(|b| t.iter().any(|n| &n.band == b))
-            && filter.status.as_ref().is_none_or(|s| t.iter().any(|n| &n.status == s))
+            && filter.status.is_none_or(|s| t.iter().any(|n| n.status == s))
             && (!filter.failed || root_score < 1.0)
     });
     if trees.is_empty() {
@@ -57,7 +55,7 @@ pub fn render(nodes: &[NodeRecord], filter: &Filter, limit: usize) -> Result<Str
     }
     let mut out = String::new();
     let total = trees.len();
-    for ((task, iteration, mode, group), t) in trees.into_iter().take(limit) {
+    for (TreeKey { iteration, mode, task_id: task, group }, t) in trees.into_iter().take(limit) {
         let depth = t.iter().map(|n| n.depth).max().unwrap_or(0);
         let root = t.iter().find(|n| n.parent_id.is_none()).copied();
         out.push_str(&format!(

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
-use rao_core::NodeRecord;
+use rao_core::{NodeRecord, NodeStatus, TreeKey};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -37,9 +37,9 @@ pub fn exact_scores(set: &dyn TaskSet, nodes: &mut [NodeRecord]) -> anyhow::Resu
             episodes.insert(n.task_id.clone(), set.episode(i));
         }
     }
-    // Subtree counters per (task, iteration, group, node).
-    type Key = (String, i32, i32, i32);
-    let key = |n: &NodeRecord, id: i32| (n.task_id.clone(), n.iteration, n.group, id);
+    // Subtree counters per (tree, node).
+    type Key = (TreeKey, i32);
+    let key = |n: &NodeRecord, id: i32| (n.tree_key(), id);
     let mut subtree: BTreeMap<Key, BTreeMap<String, i64>> = BTreeMap::new();
     // Deepest first, so children are summed before their parents.
     let mut order: Vec<usize> = (0..nodes.len()).collect();
@@ -56,7 +56,7 @@ pub fn exact_scores(set: &dyn TaskSet, nodes: &mut [NodeRecord]) -> anyhow::Resu
                 *parent.entry(k.clone()).or_default() += v;
             }
         }
-        let finished = n.status == rao_core::tree::status::FINISHED;
+        let finished = n.status == NodeStatus::Finished;
         let score = episodes[&n.task_id].verify(&n.goal_ids, finished, n.result.as_deref(), &mine);
         nodes[i].score = score;
         nodes[i].judge = Some("exact".into());
@@ -66,10 +66,9 @@ pub fn exact_scores(set: &dyn TaskSet, nodes: &mut [NodeRecord]) -> anyhow::Resu
 }
 
 pub fn root_proxy(nodes: &mut [NodeRecord]) {
-    let roots: BTreeMap<(String, i32, i32), f64> =
-        nodes.iter().filter(|n| n.parent_id.is_none()).map(|n| ((n.task_id.clone(), n.iteration, n.group), n.score)).collect();
+    let roots: BTreeMap<TreeKey, f64> = nodes.iter().filter(|n| n.parent_id.is_none()).map(|n| (n.tree_key(), n.score)).collect();
     for n in nodes.iter_mut() {
-        n.score = roots[&(n.task_id.clone(), n.iteration, n.group)];
+        n.score = roots[&n.tree_key()];
         n.judge = Some("root_proxy".into());
     }
 }
@@ -81,7 +80,7 @@ impl TypedStage for Judge {
         crate::code::of("judge")
     }
     type Params = JudgeParams;
-    const NAME: &'static str = "judge";
+    const NAME: &'static str = crate::kinds::JUDGE;
     const VERSION: u32 = 1;
     const DESCRIBE: &'static str = "score every node: exact verifier, root proxy, or an LLM judge (OpenAI-compatible HTTP)";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "trees", required: true }, InputDecl { name: "tasks", required: true }];

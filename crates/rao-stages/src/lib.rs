@@ -10,6 +10,7 @@ mod code {
 }
 pub mod envs;
 pub mod inspect;
+pub mod kinds;
 pub mod rollout;
 pub mod synthesize;
 pub mod tasks_io;

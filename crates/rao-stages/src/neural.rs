@@ -5,7 +5,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use rao_agent::{Limits, Policy as RuntimePolicy, Request, Response};
 use rao_envs::grammar::Grammar;
-use rao_envs::{Tok, Vocab};
+use rao_envs::Tok;
 use rao_pipeline::{InputArtifact, StageContext};
 use rao_policy::hf::{TextTokenizer, TokenizerFiles};
 use rao_policy::policy::CheckpointMeta;
@@ -86,7 +86,7 @@ pub fn acting_policy(
             TextPolicy::new(Arc::new(model.policy), tokenizer, grammar.as_ref(), set.episode(0), temperature, limits.window)?
                 .with_prefix_cache(prefix_cache_bytes),
         ),
-        None => Arc::new(NeuralPolicy::new(Arc::new(model.policy), grammar, set.vocab(), temperature)),
+        None => Arc::new(NeuralPolicy::new(Arc::new(model.policy), grammar, temperature)),
     })
 }
 
@@ -119,29 +119,27 @@ pub async fn load_policy(ctx: &StageContext, input: &str, backend: Backend) -> a
     Ok(model.policy)
 }
 
-/// The sampler's view of a runtime request (a node's mode is the second token of its context).
-fn sample_request(r: Request, rec: Tok) -> SampleRequest {
-    SampleRequest { recursive: r.context.get(1) == Some(&rec), context: r.context, max_new_tokens: r.max_new_tokens, seed: r.seed }
+/// The sampler's view of a runtime request.
+fn sample_request(r: Request) -> SampleRequest {
+    SampleRequest { recursive: r.mode.is_recursive(), context: r.context, max_new_tokens: r.max_new_tokens, seed: r.seed }
 }
 
 /// Serves a round's batch with one batched, constrained, KV-cached sampling pass.
 pub struct NeuralPolicy {
     pub policy: Arc<Policy>,
     pub grammar: Arc<dyn Grammar>,
-    /// The `<rec>` token: a node's mode is the second token of its context.
-    pub rec: Tok,
     pub temperature: f64,
 }
 
 impl NeuralPolicy {
-    pub fn new(policy: Arc<Policy>, grammar: Arc<dyn Grammar>, vocab: &Vocab, temperature: f64) -> Self {
-        NeuralPolicy { policy, grammar, rec: vocab.id("<rec>"), temperature }
+    pub fn new(policy: Arc<Policy>, grammar: Arc<dyn Grammar>, temperature: f64) -> Self {
+        NeuralPolicy { policy, grammar, temperature }
     }
 }
 
 impl RuntimePolicy for NeuralPolicy {
     fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
-        let reqs: Vec<SampleRequest> = batch.into_iter().map(|r| sample_request(r, self.rec)).collect();
+        let reqs: Vec<SampleRequest> = batch.into_iter().map(sample_request).collect();
         let (policy, grammar, temperature) = (self.policy.clone(), self.grammar.clone(), self.temperature);
         Box::pin(async move {
             let out =
@@ -161,12 +159,11 @@ impl RuntimePolicy for NeuralPolicy {
 pub struct PacedExpert {
     pub expert: Arc<dyn RuntimePolicy>,
     pub model: Arc<Policy>,
-    pub rec: Tok,
 }
 
 impl RuntimePolicy for PacedExpert {
     fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
-        let reqs: Vec<SampleRequest> = batch.iter().map(|r| sample_request(r.clone(), self.rec)).collect();
+        let reqs: Vec<SampleRequest> = batch.iter().map(|r| sample_request(r.clone())).collect();
         Box::pin(async move {
             let actions: Vec<Vec<Tok>> = self.expert.act(batch).await.into_iter().map(|r| r.tokens).collect();
             let model = self.model.clone();

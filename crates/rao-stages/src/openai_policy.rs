@@ -35,9 +35,12 @@ pub struct OpenAiPolicy {
     /// environment's, the same for every task.
     text_form: Arc<dyn Episode>,
     temperature: f64,
-    /// Replies that were not an action, and requests that failed after their retries.
+    /// Requests made (a node's turn that asked the endpoint), replies that were not an action,
+    /// and requests that failed after their retries (with the first one's error).
+    pub asked: AtomicUsize,
     pub unusable: AtomicUsize,
     pub failed: AtomicUsize,
+    first_failure: std::sync::OnceLock<String>,
     /// Replies whose token log-probs came back (and are recorded).
     pub with_logprobs: AtomicUsize,
 }
@@ -48,8 +51,10 @@ impl OpenAiPolicy {
             api,
             text_form,
             temperature,
+            asked: AtomicUsize::new(0),
             unusable: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
+            first_failure: std::sync::OnceLock::new(),
             with_logprobs: AtomicUsize::new(0),
         }
     }
@@ -68,11 +73,13 @@ impl OpenAiPolicy {
             "temperature": self.temperature,
             "max_tokens": MAX_REPLY_TOKENS,
             // Honoured by vLLM, SGLang, llama.cpp and OpenAI; part of the cache key either way.
-            "seed": r.seed,
+            // Their APIs take a signed 64-bit seed: the top bit is dropped.
+            "seed": api_seed(r.seed),
         });
         if self.api.endpoint.logprobs {
             body["logprobs"] = json!(true);
         }
+        self.asked.fetch_add(1, Ordering::Relaxed);
         let (action, logprob) = match self.api.answer(body, |_| true).await {
             Ok(answer) => {
                 let action = parse_reply(self.text_form.vocab(), &answer.text).unwrap_or_else(|_| {
@@ -87,6 +94,7 @@ impl OpenAiPolicy {
             }
             Err(e) => {
                 note_failure(&e);
+                let _ = self.first_failure.set(format!("{e:#}"));
                 self.failed.fetch_add(1, Ordering::Relaxed);
                 (vec![], None)
             }
@@ -97,6 +105,11 @@ impl OpenAiPolicy {
         }
         response
     }
+}
+
+/// A seed the OpenAI API (and vLLM, which checks it) accepts: at most 2⁶³ − 1.
+pub fn api_seed(seed: u64) -> u64 {
+    seed & i64::MAX as u64
 }
 
 /// Failed requests are counted; the first is shown on stderr (the run goes on).
@@ -120,5 +133,16 @@ impl rao_agent::Policy for OpenAiPolicy {
             ("openai_failed_requests", self.failed.load(Ordering::Relaxed) as f64),
             ("openai_replies_with_logprobs", self.with_logprobs.load(Ordering::Relaxed) as f64),
         ]
+    }
+
+    fn unusable(&self) -> Option<String> {
+        let (asked, failed) = (self.asked.load(Ordering::Relaxed), self.failed.load(Ordering::Relaxed));
+        (asked > 0 && failed == asked).then(|| {
+            format!(
+                "every one of the {asked} requests to {} failed, so these trees measure no model; the first failure: {}",
+                self.api.endpoint.base_url,
+                self.first_failure.get().map_or("(not recorded)", String::as_str)
+            )
+        })
     }
 }

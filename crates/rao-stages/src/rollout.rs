@@ -6,7 +6,7 @@ use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rao_agent::{Batcher, Limits, Policy, RunMeta, ScriptedPolicy, TreeDone, TreeSpec, run_trees_observed};
-use rao_core::NodeRecord;
+use rao_core::{NodeRecord, NodeStatus};
 use rao_core::parquet_io::nodes_to_parquet;
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
@@ -85,12 +85,7 @@ pub fn needs_checkpoint(policy: PolicyKind, inputs: &[&str]) -> Option<rao_pipel
     })
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    Recursive,
-    Flat,
-}
+pub use rao_core::tree::Mode;
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -353,7 +348,7 @@ pub fn tree_specs(set: &dyn TaskSet, tasks: impl Iterator<Item = (usize, usize)>
                 episode: set.episode(t),
                 task_id: set.id(t).to_string(),
                 group: g as i32,
-                recursive: mode == Mode::Recursive,
+                mode,
                 seed: seed ^ ((ti as u64) << 20 | g as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
             });
         }
@@ -421,7 +416,7 @@ pub fn tree_metrics(trees: &[Vec<NodeRecord>]) -> Vec<(&'static str, f64)> {
         ("node_success", nodes.iter().map(|x| x.score).sum::<f64>() / nn),
         ("nodes_per_tree", nodes.len() as f64 / n),
         ("max_depth", nodes.iter().map(|x| x.depth).max().unwrap_or(0) as f64),
-        ("overflow_rate", nodes.iter().filter(|x| x.status == "context_overflow").count() as f64 / nn),
+        ("overflow_rate", nodes.iter().filter(|x| x.status == NodeStatus::ContextOverflow).count() as f64 / nn),
         ("tokens_per_tree", nodes.iter().map(|x| x.context_tokens as f64).sum::<f64>() / n),
         ("steps_per_tree", nodes.iter().map(|x| x.steps as f64).sum::<f64>() / n),
     ]
@@ -460,7 +455,7 @@ impl TypedStage for Rollout {
         rao_policy::machine_profile(p.backend)
     }
     type Params = RolloutParams;
-    const NAME: &'static str = "rollout";
+    const NAME: &'static str = crate::kinds::ROLLOUT;
     const VERSION: u32 = 4; // 2: fused projections in the model (new float rounding); 3: expert recovery; 4: fused CPU kernels
     const DESCRIBE: &'static str = "run G execution trees per task with a policy; writes the node table (Parquet)";
     const INPUTS: &'static [InputDecl] = &[
@@ -501,6 +496,9 @@ impl TypedStage for Rollout {
                     for (k, v) in policy.counters() {
                         ctx.set_metric(k, v);
                     }
+                    if let Some(why) = policy.unusable() {
+                        anyhow::bail!("policy: {why}");
+                    }
                     trees
                 }
             };
@@ -540,7 +538,7 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
                     crate::text_policy::TextPacedExpert::new(expert, Arc::new(model.policy), tokenizer, set.episode(0), limits.window)?
                         .with_prefix_cache(p.prefix_cache_bytes()),
                 ),
-                None => Arc::new(crate::neural::PacedExpert { expert, model: Arc::new(model.policy), rec: set.vocab().id("<rec>") }),
+                None => Arc::new(crate::neural::PacedExpert { expert, model: Arc::new(model.policy) }),
             }
         }
         PolicyKind::OpenAi => {

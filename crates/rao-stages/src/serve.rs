@@ -26,7 +26,8 @@ use futures::FutureExt as _;
 use rao_agent::policy::{Request, Response as Reply};
 use rao_envs::Episode;
 use rao_envs::grammar::Grammar;
-use rao_envs::text::{Message, context_of, words};
+use rao_core::Mode;
+use rao_envs::text::{ConversationContext, Message, context_of, words};
 use rao_envs::vocab::EOS;
 use rao_pipeline::StageContext;
 use serde_json::{Value, json};
@@ -79,10 +80,10 @@ pub fn default_max_batch(policy: &rao_policy::Policy) -> usize {
 
 impl Model {
     /// The model as a policy sampling at `temperature`.
-    fn at(&self, temperature: f64, set: &dyn TaskSet) -> Box<dyn rao_agent::Policy> {
+    fn at(&self, temperature: f64) -> Box<dyn rao_agent::Policy> {
         match self {
             Model::Compact { policy, grammar, .. } => {
-                Box::new(NeuralPolicy::new(policy.clone(), grammar.clone(), set.vocab(), temperature))
+                Box::new(NeuralPolicy::new(policy.clone(), grammar.clone(), temperature))
             }
             Model::Text(policy) => Box::new(policy.at_temperature(temperature)),
         }
@@ -169,14 +170,14 @@ impl Served {
     async fn answer(&self, request: Request, temperature: f64) -> Result<Reply, ServeError> {
         if self.max_batch == 1 {
             self.batches.fetch_add(1, Ordering::Relaxed);
-            let reply = AssertUnwindSafe(self.acting.at(temperature, self.set.as_ref()).act(vec![request])).catch_unwind().await;
+            let reply = AssertUnwindSafe(self.acting.at(temperature).act(vec![request])).catch_unwind().await;
             return reply.ok().and_then(|mut r| r.pop()).ok_or_else(|| ServeError::Model("the model failed on this request".into()));
         }
         let queue = self.queue.get_or_init(|| {
             // Room for a batch being answered and the next one filling up; beyond that a
             // request waits for room (no unbounded queue).
             let (tx, rx) = mpsc::channel(2 * self.max_batch);
-            tokio::spawn(answer_batches(self.acting.clone(), self.set.clone(), rx, self.max_batch, self.batches.clone()));
+            tokio::spawn(answer_batches(self.acting.clone(), rx, self.max_batch, self.batches.clone()));
             tx
         });
         let (reply, answered) = oneshot::channel();
@@ -226,18 +227,19 @@ impl Served {
                 v.as_u64().filter(|n| *n >= 1).map(|n| n.min(usize::MAX as u64 / 4) as usize).ok_or("`max_tokens`: an integer ≥ 1")?
             }
         };
-        let context = context_of(self.text_form.as_ref(), &messages)?;
+        let ConversationContext { tokens: context, recursive } = context_of(self.text_form.as_ref(), &messages)?;
+        let mode = Mode::from_recursive(recursive);
         let (response, prompt_tokens) = match &self.acting {
             Model::Compact { window, .. } => {
                 if context.len() >= *window {
                     return Err(format!("the conversation is {} tokens; the model's window is {window}", context.len()).into());
                 }
                 let (prompt_tokens, max_new_tokens) = (context.len(), (window - context.len()).min(max_tokens));
-                (self.answer(Request { context, max_new_tokens, seed, model_context: vec![] }, temperature).await?, prompt_tokens)
+                (self.answer(Request { context, max_new_tokens, seed, mode, model_context: vec![] }, temperature).await?, prompt_tokens)
             }
             // The conversation rendered whole through the chat template (a client sends text).
             Model::Text(_) => {
-                let request = Request { context, max_new_tokens: max_tokens, seed, model_context: vec![] };
+                let request = Request { context, max_new_tokens: max_tokens, seed, mode, model_context: vec![] };
                 let response = self.answer(request, temperature).await?;
                 let fed = response.model.as_ref().map_or(0, |m| m.fed.len());
                 (response, fed)
@@ -289,7 +291,6 @@ impl Served {
 /// call that panics fails only its own batch's requests.
 async fn answer_batches(
     acting: Model,
-    set: Arc<dyn TaskSet>,
     mut queue: mpsc::Receiver<Pending>,
     max_batch: usize,
     batches: Arc<AtomicUsize>,
@@ -306,7 +307,7 @@ async fn answer_batches(
         for (bits, waiting) in by_temperature {
             let temperature = f64::from_bits(bits);
             let (requests, replies): (Vec<Request>, Vec<_>) = waiting.into_iter().map(|p| (p.request, p.reply)).unzip();
-            let policy = acting.at(temperature, set.as_ref());
+            let policy = acting.at(temperature);
             batches.fetch_add(1, Ordering::Relaxed);
             // Dropping a batch's reply senders tells its requests that the call failed.
             if let Ok(responses) = AssertUnwindSafe(policy.act(requests)).catch_unwind().await {

@@ -122,7 +122,7 @@ impl TypedStage for Synthesize {
         crate::code::of("synthesize")
     }
     type Params = SynthesizeParams;
-    const NAME: &'static str = "synthesize";
+    const NAME: &'static str = crate::kinds::SYNTHESIZE;
     const VERSION: u32 = 1;
     const DESCRIBE: &'static str = "draw TextCraft tasks by difficulty band, or read them from a task file or the original TextCraft files";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "dataset", required: false }];

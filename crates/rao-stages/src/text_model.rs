@@ -86,7 +86,7 @@ impl TypedStage for TextModelKind {
         rao_policy::machine_profile(p.backend)
     }
     type Params = TextModelParams;
-    const NAME: &'static str = "text_model";
+    const NAME: &'static str = crate::kinds::TEXT_MODEL;
     const VERSION: u32 = 1;
     const DESCRIBE: &'static str = "a new small Qwen3-family model with a BPE tokenizer trained on the environment's conversations";
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "tasks", required: true }];

@@ -248,7 +248,6 @@ impl TextPolicy {
 impl rao_agent::Policy for TextPolicy {
     fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
         Box::pin(async move {
-            let rec = self.form.episode.vocab().id("<rec>");
             // What each node is fed; a node whose observation does not fit is not fed at all.
             let mut fed: Vec<Vec<u32>> = Vec::with_capacity(batch.len());
             let mut reqs: Vec<SampleRequest> = Vec::new();
@@ -259,7 +258,7 @@ impl rao_agent::Policy for TextPolicy {
                     note_failure(&e);
                     Vec::new()
                 });
-                let Some(req) = sample_request(r, &feed, self.window, rec) else {
+                let Some(req) = sample_request(r, &feed, self.window) else {
                     fed.push(Vec::new());
                     rows.push(None);
                     continue;
@@ -337,13 +336,13 @@ impl TextPolicy {
 
 /// What the model is asked for a node: its tokens so far and `fed`, with what is left of the
 /// window for the reply; `None` when nothing is fed or the window is already full (an overflow).
-fn sample_request(r: &Request, fed: &[u32], window: usize, rec: Tok) -> Option<SampleRequest> {
+fn sample_request(r: &Request, fed: &[u32], window: usize) -> Option<SampleRequest> {
     let used = r.model_context.len() + fed.len();
     (!fed.is_empty() && used < window).then(|| SampleRequest {
         context: [r.model_context.as_slice(), fed].concat(),
         max_new_tokens: window - used,
         seed: r.seed,
-        recursive: r.context.get(1) == Some(&rec),
+        recursive: r.mode.is_recursive(),
     })
 }
 
@@ -394,7 +393,6 @@ impl TextPacedExpert {
 impl rao_agent::Policy for TextPacedExpert {
     fn act(&self, batch: Vec<Request>) -> BoxFuture<'_, Vec<Response>> {
         Box::pin(async move {
-            let rec = self.form.episode.vocab().id("<rec>");
             let mut reqs = Vec::new();
             let mut replies = Vec::new();
             let mut rows: Vec<Option<(usize, Vec<u32>)>> = Vec::with_capacity(batch.len());
@@ -406,7 +404,7 @@ impl rao_agent::Policy for TextPacedExpert {
                     rows.push(None);
                     continue;
                 };
-                let Some(req) = sample_request(r, &fed, self.window, rec) else {
+                let Some(req) = sample_request(r, &fed, self.window) else {
                     rows.push(None);
                     continue;
                 };

@@ -54,7 +54,7 @@ impl TypedStage for TextCraftFiles {
         crate::code::of("textcraft_files")
     }
     type Params = TextCraftFilesParams;
-    const NAME: &'static str = "textcraft_files";
+    const NAME: &'static str = crate::kinds::TEXTCRAFT_FILES;
     const VERSION: u32 = 1;
     const DESCRIBE: &'static str =
         "the original TextCraft files (Minecraft recipes + JSONL tasks with gold) from a dataset, read as the original code reads them";

@@ -2,7 +2,6 @@
 
 use rao_core::NodeRecord;
 use rao_core::parquet_io::{nodes_from_parquet, nodes_to_parquet};
-use rao_envs::vocab::Vocab;
 use rao_pipeline::StageContext;
 use rao_policy::Sequence;
 
@@ -22,12 +21,9 @@ pub fn write_trees(ctx: &StageContext, output: &str, nodes: &[NodeRecord]) -> an
 }
 
 /// A node's training sequence with the given advantage.
-pub fn node_sequence(n: &NodeRecord, vocab: &Vocab, advantage: f32) -> Sequence {
+pub fn node_sequence(n: &NodeRecord, advantage: f32) -> Sequence {
     let (tokens, generated, old_logprobs) = n.sequence();
-    // A text policy's prompt is the model's tokens; the tree's mode says the same.
-    let recursive =
-        if n.token_space.is_empty() { n.prompt_ids.get(1).is_some_and(|&t| vocab.word(t) == "<rec>") } else { n.mode == "recursive" };
-    Sequence { tokens, generated, old_logprobs, advantage, recursive }
+    Sequence { tokens, generated, old_logprobs, advantage, recursive: n.mode.is_recursive() }
 }
 
 /// Fraction of spawned goals a node had already spawned before (re-spawning after a failure):

@@ -71,7 +71,7 @@ impl TypedStage for Update {
         rao_policy::machine_profile(p.backend)
     }
     type Params = UpdateParams;
-    const NAME: &'static str = "update";
+    const NAME: &'static str = crate::kinds::UPDATE;
     const VERSION: u32 = 4; // 2: Burn-record checkpoints; 3: fused projections (new float rounding); 4: fused CPU kernels
     const DESCRIBE: &'static str = "policy-gradient step (CISPO / REINFORCE / PPO-clip) on weighted trees; checkpoint k → k+1";
     const INPUTS: &'static [InputDecl] = &[
@@ -123,13 +123,13 @@ impl TypedStage for Update {
             }
             let mut seqs: Vec<_> = nodes
                 .iter()
-                .filter_map(|n| n.advantage.filter(|a| a.is_finite()).map(|a| node_sequence(n, set.vocab(), a as f32)))
+                .filter_map(|n| n.advantage.filter(|a| a.is_finite()).map(|a| node_sequence(n, a as f32)))
                 .filter(|s| s.generated.iter().any(|g| *g))
                 .collect();
             // Trees regrouped for the iteration's metrics.
-            let mut trees: std::collections::BTreeMap<(String, i32), Vec<rao_core::NodeRecord>> = Default::default();
+            let mut trees: std::collections::BTreeMap<rao_core::TreeKey, Vec<rao_core::NodeRecord>> = Default::default();
             for n in &nodes {
-                trees.entry((n.task_id.clone(), n.group)).or_default().push(n.clone());
+                trees.entry(n.tree_key()).or_default().push(n.clone());
             }
             let trees: Vec<Vec<rao_core::NodeRecord>> = trees
                 .into_values()

@@ -162,7 +162,7 @@ pub fn demos_from_trees(set: &dyn TaskSet, nodes: &[rao_core::NodeRecord]) -> an
             n.node_id,
             n.task_id
         );
-        let s = node_sequence(n, set.vocab(), 1.0);
+        let s = node_sequence(n, 1.0);
         if let Some(t) = s.tokens.iter().find(|&&t| t as usize >= set.vocab().len()) {
             anyhow::bail!("`demo_trees`: node {} of task {} has token {t}, outside this environment's vocabulary", n.node_id, n.task_id);
         }
@@ -185,7 +185,7 @@ pub async fn gate_check(
     let grammar = set.grammar(limits.max_children as usize);
     let acting: Arc<dyn RuntimePolicy> = match tokenizer {
         Some(t) => Arc::new(TextPolicy::new(policy, t.clone(), grammar.as_ref(), set.episode(0), 1.0, limits.window)?),
-        None => Arc::new(NeuralPolicy::new(policy, grammar, set.vocab(), 1.0)),
+        None => Arc::new(NeuralPolicy::new(policy, grammar, 1.0)),
     };
     let all = set.all();
     let trees = rollout_trees(set, &all, acting, Mode::Recursive, 1, limits.limits(Mode::Recursive), RunMeta::default(), seed).await;
@@ -276,7 +276,7 @@ impl TypedStage for Warmstart {
         rao_policy::machine_profile(p.backend)
     }
     type Params = WarmstartParams;
-    const NAME: &'static str = "warmstart";
+    const NAME: &'static str = crate::kinds::WARMSTART;
     // 2: Burn-record checkpoints, noise actions name only items in context; 3: tier shifts;
     // 4: any environment (long-document and multi-hop demonstrations have their names permuted);
     // 5: fused projections in the model (same maths, new float rounding); 6: the expert
@@ -327,7 +327,7 @@ impl TypedStage for Warmstart {
                 }
                 let trees =
                     rollout_trees(set.as_ref(), &all, expert.clone(), mode, g, p.limits.limits(mode), RunMeta::default(), ctx.seed).await;
-                seqs.extend(trees.iter().flatten().map(|n| node_sequence(n, set.vocab(), 1.0)).filter(|s| s.generated.iter().any(|g| *g)));
+                seqs.extend(trees.iter().flatten().map(|n| node_sequence(n, 1.0)).filter(|s| s.generated.iter().any(|g| *g)));
             }
             if ctx.inputs.contains_key("demo_trees") {
                 let from_trees = demos_from_trees(set.as_ref(), &read_trees(&ctx, "demo_trees").await?)?;

@@ -35,7 +35,7 @@ async fn serve(listener: TcpListener, requests: Arc<AtomicUsize>) {
 fn node(goal: &str, status: &str) -> NodeRecord {
     NodeRecord {
         goal: goal.into(),
-        status: status.into(),
+        status: status.parse().unwrap(),
         turns: vec![Turn { action: "craft M t1 i1 <eos>".into(), observation: "<obs> ok".into(), ..Default::default() }],
         ..Default::default()
     }

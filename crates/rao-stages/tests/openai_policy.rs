@@ -76,7 +76,7 @@ fn endpoint(base_url: String, cache: &std::path::Path, retries: u32) -> ChatEndp
 
 /// A node as two rollouts of the same tasks must agree on it: task, node, parent, goal, each
 /// turn's completion and observation tokens, status, score bits (not the clocks).
-type NodeShape = (String, i32, Option<i32>, String, Vec<(Vec<u32>, Vec<u32>)>, String, u64);
+type NodeShape = (String, i32, Option<i32>, String, Vec<(Vec<u32>, Vec<u32>)>, rao_core::NodeStatus, u64);
 
 fn shape(trees: &[Vec<NodeRecord>]) -> Vec<NodeShape> {
     trees
@@ -84,7 +84,7 @@ fn shape(trees: &[Vec<NodeRecord>]) -> Vec<NodeShape> {
         .flatten()
         .map(|n| {
             let turns = n.turns.iter().map(|t| (t.completion_ids.clone(), t.observation_ids.clone())).collect();
-            (n.task_id.clone(), n.node_id, n.parent_id, n.goal.clone(), turns, n.status.clone(), n.score.to_bits())
+            (n.task_id.clone(), n.node_id, n.parent_id, n.goal.clone(), turns, n.status, n.score.to_bits())
         })
         .collect()
 }
@@ -229,7 +229,7 @@ async fn policy_openai_against_rao_serve_gives_the_in_process_trees() {
     let limits = limit_params.limits(Mode::Recursive);
     let meta = RunMeta { run: "serve-test".into(), iteration: 0, env: set.env().into() };
     let in_process =
-        Arc::new(rao_stages::neural::NeuralPolicy::new(model.clone(), set.grammar(limits.max_children as usize), set.vocab(), 0.0));
+        Arc::new(rao_stages::neural::NeuralPolicy::new(model.clone(), set.grammar(limits.max_children as usize), 0.0));
     let want = rollout_trees(set.as_ref(), &set.all(), in_process, Mode::Recursive, 1, limits, meta.clone(), 9).await;
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

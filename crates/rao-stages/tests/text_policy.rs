@@ -48,7 +48,7 @@ fn fixtures() -> &'static Path {
 /// A node's context in the environment's tokens before its `k`-th action, from its record.
 fn env_context(set: &dyn TaskSet, n: &NodeRecord, k: usize) -> Vec<Tok> {
     let episode = set.episode(0);
-    let mut ctx = episode.prompt(&n.goal_ids, n.depth as u32, n.mode == "recursive");
+    let mut ctx = episode.prompt(&n.goal_ids, n.depth as u32, n.mode.is_recursive());
     for t in &n.turns[..k] {
         ctx.extend(set.vocab().ids(&t.action));
         ctx.extend(set.vocab().ids(&t.observation));
@@ -84,7 +84,7 @@ async fn act_and_train(set: &dyn TaskSet, model: &Arc<Policy>, tokenizer: &Arc<h
         for (k, t) in n.turns.iter().enumerate() {
             if t.completion_ids.is_empty() {
                 // The window ran out before this action: nothing was fed or sampled.
-                assert_eq!(n.status, "context_overflow");
+                assert_eq!(n.status, rao_core::NodeStatus::ContextOverflow);
                 continue;
             }
             turns += 1;
@@ -107,7 +107,7 @@ async fn act_and_train(set: &dyn TaskSet, model: &Arc<Policy>, tokenizer: &Arc<h
     assert!(turns > nodes.len(), "{name}: nodes act more than once");
     // Token in, token out: the update's inputs, read from the stored trees, reproduce the
     // behaviour log-probs exactly as sampled.
-    let seqs: Vec<_> = nodes.iter().map(|n| node_sequence(n, set.vocab(), 1.0)).collect();
+    let seqs: Vec<_> = nodes.iter().map(|n| node_sequence(n, 1.0)).collect();
     // A demonstration of the same actions (the warm start's `TextForm::sequence` of the node in
     // the environment's tokens) is fed exactly the same tokens, and writes the same replies.
     let form = TextForm::new(tokenizer.clone(), set.episode(0), policy.grammar().stop()).unwrap();

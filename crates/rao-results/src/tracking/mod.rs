@@ -90,7 +90,7 @@ pub fn scalars(res: &RunResults) -> Vec<Scalar> {
         for r in &e.rows {
             for m in Metric::ALL {
                 out.push(Scalar {
-                    key: key(&["eval", &r.label, &r.mode, &r.band, m.name()]),
+                    key: key(&["eval", &r.label, r.mode.as_str(), &r.band, m.name()]),
                     step: last,
                     value: m.of(r),
                     time: e.finished_at,

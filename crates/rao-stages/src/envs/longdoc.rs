@@ -133,7 +133,7 @@ impl TypedStage for LongDocTasks {
         out
     }
     type Params = LongDocParams;
-    const NAME: &'static str = "longdoc_tasks";
+    const NAME: &'static str = crate::kinds::LONGDOC_TASKS;
     // 2: the episodes of these tasks changed (a `read` ends with the question), so everything
     // downstream of a task set must be re-keyed: fingerprints do not include code.
     const VERSION: u32 = 2;

@@ -140,7 +140,7 @@ impl TypedStage for MultiHopTasks {
         out
     }
     type Params = MultiHopParams;
-    const NAME: &'static str = "multihop_tasks";
+    const NAME: &'static str = crate::kinds::MULTIHOP_TASKS;
     const VERSION: u32 = 3; // 2: entity pages (one-key lookup), 8 relations; 3: pages end on the query
     const DESCRIBE: &'static str = "draw multi-hop chain questions over a seeded knowledge graph";
     const INPUTS: &'static [InputDecl] = &[];
