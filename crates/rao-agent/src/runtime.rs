@@ -132,8 +132,11 @@ pub async fn run_trees_observed(
         .into_iter()
         .enumerate()
         .map(|(idx, spec)| {
-            let limits =
-                if spec.mode.is_recursive() { limits } else { Limits { max_depth: 0, max_children: 0, max_nodes: 1, subtree_steps: None, ..limits } };
+            let limits = if spec.mode.is_recursive() {
+                limits
+            } else {
+                Limits { max_depth: 0, max_children: 0, max_nodes: 1, subtree_steps: None, ..limits }
+            };
             Arc::new(TreeCtx {
                 idx,
                 spec,

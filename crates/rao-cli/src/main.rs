@@ -615,7 +615,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let record = rao_pipeline::run(c.clone(), exec, &store, opts).await?;
             export_run(&c, &store, &record.run_id, &targets).await;
             let evaluated = record.instances.iter().any(|i| {
-                i.kind == rao_stages::kinds::EVALUATE && matches!(i.status, rao_pipeline::InstanceStatus::Done | rao_pipeline::InstanceStatus::Cached)
+                i.kind == rao_stages::kinds::EVALUATE
+                    && matches!(i.status, rao_pipeline::InstanceStatus::Done | rao_pipeline::InstanceStatus::Cached)
             });
             if !json && evaluated {
                 // Where the results are: the same file and overrides, read back by fingerprint.
@@ -744,7 +745,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let res = rao_results::RunResults::load(&c, &store, run.as_deref()).await?;
             // A past run (`--run`) is produced again under its own --set values.
             let again = PipelineArgs { set: if run.is_some() { res.overrides.clone() } else { p.set.clone() }, ..p.clone() };
-            for (name, why) in res.missing.iter().filter(|(n, _)| c.instances.iter().any(|i| &i.name == n && i.kind == rao_stages::kinds::EVALUATE)) {
+            for (name, why) in
+                res.missing.iter().filter(|(n, _)| c.instances.iter().any(|i| &i.name == n && i.kind == rao_stages::kinds::EVALUATE))
+            {
                 let given = if run.is_some() { "for that run" } else { "for this pipeline as given" };
                 eprintln!("{name}: not in the store {given} ({why}); `{}` produces it", run_command(&again));
             }

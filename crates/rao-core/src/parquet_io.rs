@@ -233,7 +233,11 @@ fn u32s(a: &dyn Array) -> Vec<u32> {
 }
 
 /// Row `r` of a column of names (`mode`, `status`) as the enum it names.
-fn name<T: std::str::FromStr<Err = crate::tree::UnknownName>>(column: &'static str, a: &arrow::array::StringArray, r: usize) -> IoResult<T> {
+fn name<T: std::str::FromStr<Err = crate::tree::UnknownName>>(
+    column: &'static str,
+    a: &arrow::array::StringArray,
+    r: usize,
+) -> IoResult<T> {
     a.value(r).parse().map_err(|source| IoError::Name { column, row: r, source })
 }
 

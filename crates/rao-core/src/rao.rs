@@ -55,10 +55,7 @@ pub fn assign(nodes: &mut [NodeRecord], cfg: &AdvantageConfig) -> AdvantageStats
     let local: Vec<f64> = nodes
         .iter()
         .map(|n| {
-            let bonus = child_scores
-                .get(&(n.tree_key(), n.node_id))
-                .map(|c| c.iter().sum::<f64>() / c.len() as f64)
-                .unwrap_or(0.0);
+            let bonus = child_scores.get(&(n.tree_key(), n.node_id)).map(|c| c.iter().sum::<f64>() / c.len() as f64).unwrap_or(0.0);
             n.score + cfg.lambda * bonus
         })
         .collect();

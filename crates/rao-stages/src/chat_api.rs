@@ -62,7 +62,7 @@ const MAX_ERROR_BODY: usize = 16 * 1024;
 /// `: MESSAGE` from an error answer's body — `error.message`, `message` or `detail` of a JSON
 /// body (OpenAI, vLLM, SGLang, FastAPI), else its text — cut to 500 characters, control
 /// characters escaped; empty when the body says nothing.
-async fn server_says(mut resp: reqwest::Response) -> String {
+pub(crate) async fn server_says(mut resp: reqwest::Response) -> String {
     let mut body = Vec::new();
     while body.len() < MAX_ERROR_BODY {
         match resp.chunk().await {

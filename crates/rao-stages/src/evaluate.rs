@@ -7,13 +7,14 @@ use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 use rao_agent::RunMeta;
-use rao_core::{NodeRecord, NodeStatus};
 use rao_core::parquet_io::{Column, table_to_parquet};
+use rao_core::{NodeRecord, NodeStatus};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::chat_api::ChatEndpoint;
+use crate::engine_policy::EngineEndpoints;
 use crate::envs;
 use crate::rollout::{
     ExpertParams, LimitParams, Mode, PolicyKind, RolloutParams, TreeProgress, gold_trees, label_bands, make_policy,
@@ -50,6 +51,9 @@ pub struct EvaluateParams {
     /// The endpoint of `policy: openai`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub openai: Option<ChatEndpoint>,
+    /// The servers of `policy: engine`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineEndpoints>,
     /// A language model's prefix cache, in MiB (as `rollout`'s).
     #[serde(default = "crate::rollout::default_prefix_cache_mb")]
     pub prefix_cache_mb: usize,
@@ -142,6 +146,7 @@ impl TypedStage for Evaluate {
         crate::rollout::needs_checkpoint(p.policy, inputs)
             .into_iter()
             .chain(crate::rollout::needs_endpoint(p.policy, p.openai.as_ref()))
+            .chain(crate::rollout::needs_engine(p.policy, p.engine.as_ref()))
             .chain(no_modes)
             .chain(crate::rollout::check_count("group_size", p.group_size, crate::rollout::MAX_GROUP_SIZE))
             .chain(p.limits.check("limits"))
@@ -184,6 +189,7 @@ impl TypedStage for Evaluate {
                 iteration: 0,
                 shard: None,
                 openai: p.openai.clone(),
+                engine: p.engine.clone(),
                 prefix_cache_mb: p.prefix_cache_mb,
             };
             // `policy: gold` replays each task's own trajectory: no one policy for all tasks.

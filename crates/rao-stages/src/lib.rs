@@ -35,6 +35,7 @@ pub fn registry() -> Registry {
 }
 pub mod advantage;
 pub mod chat_api;
+pub mod engine_policy;
 pub mod evaluate;
 pub mod hf_export;
 pub mod hf_model;

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use rao_agent::{Limits, Policy as RuntimePolicy, Request, Response};
-use rao_envs::grammar::Grammar;
 use rao_envs::Tok;
+use rao_envs::grammar::Grammar;
 use rao_pipeline::{InputArtifact, StageContext};
 use rao_policy::hf::{TextTokenizer, TokenizerFiles};
 use rao_policy::policy::CheckpointMeta;

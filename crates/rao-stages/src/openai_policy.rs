@@ -73,7 +73,7 @@ impl OpenAiPolicy {
             "temperature": self.temperature,
             "max_tokens": MAX_REPLY_TOKENS,
             // Honoured by vLLM, SGLang, llama.cpp and OpenAI; part of the cache key either way.
-            // Their APIs take a signed 64-bit seed: the top bit is dropped.
+            // Their APIs take a signed 64-bit seed: the same 64 bits, read as signed.
             "seed": api_seed(r.seed),
         });
         if self.api.endpoint.logprobs {
@@ -107,9 +107,11 @@ impl OpenAiPolicy {
     }
 }
 
-/// A seed the OpenAI API (and vLLM, which checks it) accepts: at most 2⁶³ − 1.
-pub fn api_seed(seed: u64) -> u64 {
-    seed & i64::MAX as u64
+/// A seed as the OpenAI API and vLLM take it: a signed 64-bit integer (vLLM refuses one above
+/// 2⁶³ − 1). The same bits read as signed, so `rao serve` recovers the seed exactly; vLLM
+/// reads −1 (u64::MAX here) as "no seed", a chance of one in 2⁶⁴.
+pub fn api_seed(seed: u64) -> i64 {
+    seed as i64
 }
 
 /// Failed requests are counted; the first is shown on stderr (the run goes on).

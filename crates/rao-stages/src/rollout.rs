@@ -6,13 +6,14 @@ use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rao_agent::{Batcher, Limits, Policy, RunMeta, ScriptedPolicy, TreeDone, TreeSpec, run_trees_observed};
-use rao_core::{NodeRecord, NodeStatus};
 use rao_core::parquet_io::nodes_to_parquet;
+use rao_core::{NodeRecord, NodeStatus};
 use rao_pipeline::{InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::chat_api::{ChatApi, ChatEndpoint};
+use crate::engine_policy::{EngineEndpoints, EnginePolicy};
 use crate::envs::{self, ExpertSpec, TaskSet};
 use crate::openai_policy::OpenAiPolicy;
 
@@ -38,6 +39,31 @@ pub enum PolicyKind {
     /// acting on the environment's text form.
     #[serde(rename = "openai")]
     OpenAi,
+    /// The `checkpoint` input's language model served by an inference engine (the `engine`
+    /// block: vLLM's token-id completions API), token in and token out: trees `update` trains on.
+    Engine,
+}
+
+/// `policy: engine` and its `engine` block come together: caught by `rao validate`.
+pub fn needs_engine(policy: PolicyKind, engine: Option<&EngineEndpoints>) -> Vec<rao_pipeline::ParamError> {
+    let error =
+        |key: &str, message: String, help: &str| rao_pipeline::ParamError { key: Some(key.into()), message, help: Some(help.into()) };
+    match (policy, engine) {
+        (PolicyKind::Engine, None) => vec![error(
+            "policy",
+            "`policy: engine` needs an `engine` block: the servers to call".into(),
+            "add `engine: {urls: [\"http://127.0.0.1:8000/v1\"], model: NAME}` (the name the servers serve the model under)",
+        )],
+        (PolicyKind::Engine, Some(e)) => {
+            e.problems().into_iter().map(|p| error("engine", p, "see `rao kinds rollout` or the schema for the `engine` block")).collect()
+        }
+        (_, None) => vec![],
+        (_, Some(_)) => vec![error(
+            "engine",
+            "an `engine` block is only read with `policy: engine`".into(),
+            "set `policy: engine`, or remove the block",
+        )],
+    }
 }
 
 /// `policy: openai` and its `openai` block come together: caught by `rao validate`.
@@ -76,6 +102,7 @@ pub fn needs_checkpoint(policy: PolicyKind, inputs: &[&str]) -> Option<rao_pipel
     let name = match policy {
         PolicyKind::Checkpoint => "checkpoint",
         PolicyKind::PacedExpert => "paced_expert",
+        PolicyKind::Engine => "engine",
         _ => return None,
     };
     (!inputs.contains(&"checkpoint")).then(|| rao_pipeline::ParamError {
@@ -233,6 +260,9 @@ pub struct RolloutParams {
     /// The endpoint of `policy: openai`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub openai: Option<ChatEndpoint>,
+    /// The servers of `policy: engine`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineEndpoints>,
     /// A language model's prefix cache, in MiB: the keys and values of the nodes' contexts kept
     /// between their actions, so an action prefills only what is new; past it the least recently
     /// used go. A token takes 2 × layers × key/value heads × head width × 4 bytes (≈ 224 KiB for
@@ -444,6 +474,7 @@ impl TypedStage for Rollout {
         }
         out.extend(needs_checkpoint(p.policy, inputs));
         out.extend(needs_endpoint(p.policy, p.openai.as_ref()));
+        out.extend(needs_engine(p.policy, p.engine.as_ref()));
         out.extend(check_count("group_size", p.group_size, MAX_GROUP_SIZE));
         out.extend(p.limits.check("limits"));
         out
@@ -545,6 +576,29 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
             let endpoint = p.openai.clone().ok_or_else(|| anyhow::anyhow!("`policy: openai` needs an `openai` block"))?;
             let api = Arc::new(ChatApi::new(endpoint, &ctx.base_dir)?);
             Arc::new(OpenAiPolicy::new(api, set.episode(0), p.temperature))
+        }
+        PolicyKind::Engine => {
+            let endpoints = p.engine.clone().ok_or_else(|| anyhow::anyhow!("`policy: engine` needs an `engine` block"))?;
+            anyhow::ensure!(
+                ctx.inputs.contains_key("checkpoint"),
+                "`policy: engine` needs a `checkpoint` input (the model the engine serves)"
+            );
+            let model = crate::neural::load_model(ctx, "checkpoint", p.backend).await?;
+            let tokenizer = model.tokenizer.clone().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "`policy: engine` serves a language model: the `checkpoint` input has no tokenizer (make it with `hf_model`)"
+                )
+            })?;
+            let grammar = set.grammar(limits.max_children as usize);
+            Arc::new(EnginePolicy::new(
+                endpoints,
+                &model.policy,
+                tokenizer,
+                grammar.as_ref(),
+                set.episode(0),
+                p.temperature,
+                limits.window,
+            )?)
         }
         PolicyKind::Gold => anyhow::bail!("`policy: gold` replays each task's own trajectory (`gold_trees`), not one policy for all"),
     })

@@ -24,9 +24,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::FutureExt as _;
 use rao_agent::policy::{Request, Response as Reply};
+use rao_core::Mode;
 use rao_envs::Episode;
 use rao_envs::grammar::Grammar;
-use rao_core::Mode;
 use rao_envs::text::{ConversationContext, Message, context_of, words};
 use rao_envs::vocab::EOS;
 use rao_pipeline::StageContext;
@@ -82,9 +82,7 @@ impl Model {
     /// The model as a policy sampling at `temperature`.
     fn at(&self, temperature: f64) -> Box<dyn rao_agent::Policy> {
         match self {
-            Model::Compact { policy, grammar, .. } => {
-                Box::new(NeuralPolicy::new(policy.clone(), grammar.clone(), temperature))
-            }
+            Model::Compact { policy, grammar, .. } => Box::new(NeuralPolicy::new(policy.clone(), grammar.clone(), temperature)),
             Model::Text(policy) => Box::new(policy.at_temperature(temperature)),
         }
     }
@@ -213,7 +211,9 @@ impl Served {
             None | Some(Value::Null) => 1.0,
             Some(t) => t.as_f64().filter(|t| t.is_finite() && *t >= 0.0).ok_or("`temperature` is a number ≥ 0")?,
         };
-        let seed = body.get("seed").and_then(Value::as_u64).unwrap_or(0);
+        // Signed, as the OpenAI API takes it (rao's `policy: openai` sends its u64 seeds' bits
+        // that way); a larger unsigned one is taken as it is.
+        let seed = body.get("seed").and_then(|s| s.as_i64().map(|s| s as u64).or_else(|| s.as_u64())).unwrap_or(0);
         // Options a client may count on are honoured or refused, never ignored.
         if body.get("stream").is_some_and(|v| v != &Value::Bool(false) && !v.is_null()) {
             return Err("`stream`: streaming is not served; send `\"stream\": false` or leave it out".to_string().into());
@@ -289,12 +289,7 @@ impl Served {
 /// sampling call per temperature, and replies to each; ends when the server is dropped. Each
 /// request carries its own seed and window, so its reply does not depend on its batch-mates. A
 /// call that panics fails only its own batch's requests.
-async fn answer_batches(
-    acting: Model,
-    mut queue: mpsc::Receiver<Pending>,
-    max_batch: usize,
-    batches: Arc<AtomicUsize>,
-) {
+async fn answer_batches(acting: Model, mut queue: mpsc::Receiver<Pending>, max_batch: usize, batches: Arc<AtomicUsize>) {
     while let Some(first) = queue.recv().await {
         let mut by_temperature: BTreeMap<u64, Vec<Pending>> = BTreeMap::new();
         by_temperature.entry(first.temperature.to_bits()).or_default().push(first);

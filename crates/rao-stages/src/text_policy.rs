@@ -279,7 +279,7 @@ impl rao_agent::Policy for TextPolicy {
                 .zip(fed)
                 .map(|(row, fed)| {
                     let (sampled, logprobs) = row.map(|i| sampled[i].clone()).unwrap_or_default();
-                    let tokens = self.action_of(&sampled);
+                    let tokens = action_of(&self.form, self.grammar.stop(), &sampled, &self.unusable);
                     let logprobs_env = vec![0.0; tokens.len()];
                     Response {
                         tokens,
@@ -311,27 +311,21 @@ impl rao_agent::Policy for TextPolicy {
     }
 }
 
-impl TextPolicy {
-    /// The environment's action for a sampled reply: its words and `<eos>` when it ended with the
-    /// stop token, nothing (the window ran out: an overflow) when it did not.
-    fn action_of(&self, sampled: &[u32]) -> Vec<Tok> {
-        let Some((&last, reply)) = sampled.split_last() else { return vec![] };
-        if last != self.grammar.stop() {
-            return vec![];
-        }
-        let mut action = self
-            .form
-            .tokenizer
-            .decode(reply, false)
-            .ok()
-            .and_then(|text| parse_reply(self.form.episode.vocab(), &text).ok())
-            .unwrap_or_else(|| {
-                self.unusable.fetch_add(1, Ordering::Relaxed);
-                vec![]
-            });
-        action.push(EOS);
-        action
+/// The environment's action for a sampled reply: its words and `<eos>` when it ended with the
+/// stop token, nothing (the window ran out: an overflow) when it did not. A reply that does not
+/// read as an action (impossible under the grammar) is counted in `unusable` and acts as `<eos>`.
+pub fn action_of(form: &TextForm, stop: u32, sampled: &[u32], unusable: &AtomicUsize) -> Vec<Tok> {
+    let Some((&last, reply)) = sampled.split_last() else { return vec![] };
+    if last != stop {
+        return vec![];
     }
+    let mut action =
+        form.tokenizer.decode(reply, false).ok().and_then(|text| parse_reply(form.episode.vocab(), &text).ok()).unwrap_or_else(|| {
+            unusable.fetch_add(1, Ordering::Relaxed);
+            vec![]
+        });
+    action.push(EOS);
+    action
 }
 
 /// What the model is asked for a node: its tokens so far and `fed`, with what is left of the

@@ -228,8 +228,7 @@ async fn policy_openai_against_rao_serve_gives_the_in_process_trees() {
     let model = Arc::new(rao_policy::Policy::new(cfg, rao_policy::Backend::default(), 11).unwrap());
     let limits = limit_params.limits(Mode::Recursive);
     let meta = RunMeta { run: "serve-test".into(), iteration: 0, env: set.env().into() };
-    let in_process =
-        Arc::new(rao_stages::neural::NeuralPolicy::new(model.clone(), set.grammar(limits.max_children as usize), 0.0));
+    let in_process = Arc::new(rao_stages::neural::NeuralPolicy::new(model.clone(), set.grammar(limits.max_children as usize), 0.0));
     let want = rollout_trees(set.as_ref(), &set.all(), in_process, Mode::Recursive, 1, limits, meta.clone(), 9).await;
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
