@@ -381,6 +381,21 @@ impl Checker<'_, '_> {
                 }
             }
         }
+        for g in &l.lag {
+            if !l.carries(&g.of.value) {
+                let vars: Vec<&str> = l.carry.iter().map(|c| c.var.value.as_str()).collect();
+                let help =
+                    did_you_mean(&g.of.value, vars.iter().copied()).unwrap_or_else(|| format!("carried variables: {}", vars.join(", ")));
+                self.err(g.of.pos, format!("lag `{}` follows `{}`, which the loop does not carry", g.var.value, g.of.value), help);
+            }
+            if l.carries(&g.var.value) || l.init_of(&g.var.value).is_some() {
+                self.err(
+                    g.var.pos,
+                    format!("lag `{}` has the name of a carried variable", g.var.value),
+                    "give the lagged variable a name of its own, e.g. `behaviour`",
+                );
+            }
+        }
         if let Some(stop) = &spec.stop_when
             && stop.above.is_none()
             && stop.below.is_none()
@@ -389,11 +404,12 @@ impl Checker<'_, '_> {
         }
         for st in &l.body {
             for r in st.inputs.iter().flat_map(|i| &i.refs).filter(|r| r.is_loop_var()) {
-                if l.carries(&r.output) && l.init_of(&r.output).is_none() {
+                let (var, _) = l.source_of(&r.output);
+                if l.carries(var) && l.init_of(var).is_none() {
                     self.err(
                         r.pos,
                         format!("loop variable `{}` has no value in iteration 1", r.output),
-                        format!("add `{}: STAGE.OUTPUT` under the loop's `init`", r.output),
+                        format!("add `{var}: STAGE.OUTPUT` under the loop's `init`"),
                     );
                 }
             }
@@ -406,8 +422,9 @@ impl Checker<'_, '_> {
         let lowered = self.lowered;
         if r.is_loop_var() {
             match in_loop {
-                Some(l) if !l.carries(&r.output) => {
-                    let vars: Vec<&str> = l.carry.iter().map(|c| c.var.value.as_str()).collect();
+                Some(l) if !l.carries(&r.output) && l.lag_of(&r.output).is_none() => {
+                    let vars: Vec<&str> =
+                        l.carry.iter().map(|c| c.var.value.as_str()).chain(l.lag.iter().map(|g| g.var.value.as_str())).collect();
                     let help =
                         did_you_mean(&r.output, vars.iter().copied()).unwrap_or_else(|| format!("carried variables: {}", vars.join(", ")));
                     self.err(r.pos, format!("`loop.{}`: the loop carries no variable `{}`", r.output, r.output), help);

@@ -184,11 +184,13 @@ impl<'l, 'a> Expander<'l, 'a> {
         let outputs = |idx: &Vec<usize>| idx.iter().map(|&i| Source::Output { instance: i, output: r.output.clone() }).collect::<Vec<_>>();
         if let Some(l) = lp {
             if r.is_loop_var() {
-                if l.iteration == 1 {
-                    // Checked: a variable read in the body has an init.
-                    return l.lp.init_of(&r.output).map(|init| self.resolve(init, None)).unwrap_or_default();
-                }
-                return self.out.loops[l.loop_idx].carry_sources(&r.output, l.iteration - 1);
+                // Iteration k reads the value after iteration k−1−lag; before iteration 1 that is
+                // the init (checked: a variable read in the body has one).
+                let (var, lag) = l.lp.source_of(&r.output);
+                return match l.iteration.checked_sub(1 + lag).filter(|&j| j >= 1) {
+                    Some(j) => self.out.loops[l.loop_idx].carry_sources(var, j),
+                    None => l.lp.init_of(var).map(|init| self.resolve(init, None)).unwrap_or_default(),
+                };
             }
             if let Some(idx) = l.body.get(&r.stage) {
                 return outputs(idx);

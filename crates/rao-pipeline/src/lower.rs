@@ -75,6 +75,13 @@ pub struct Carry {
     pub pos: Pos,
 }
 
+/// `loop.VAR` that reads carried variable `of` as it was `by` iterations earlier.
+pub struct Lag {
+    pub var: Sp<String>,
+    pub of: Sp<String>,
+    pub by: u32,
+}
+
 pub struct Stop {
     pub stage: String,
     pub metric: String,
@@ -86,6 +93,7 @@ pub struct Loop<'a> {
     pub spec: &'a LoopSpec,
     pub init: Vec<(Sp<String>, Ref)>,
     pub carry: Vec<Carry>,
+    pub lag: Vec<Lag>,
     pub stop: Option<Stop>,
     pub body: Vec<Stage<'a>>,
 }
@@ -93,6 +101,16 @@ pub struct Loop<'a> {
 impl Loop<'_> {
     pub fn carries(&self, var: &str) -> bool {
         self.carry.iter().any(|c| c.var.value == var)
+    }
+    pub fn lag_of(&self, var: &str) -> Option<&Lag> {
+        self.lag.iter().find(|g| g.var.value == var)
+    }
+    /// What `loop.VAR` reads: the carried variable and how many iterations behind the freshest.
+    pub fn source_of<'v>(&'v self, var: &'v str) -> (&'v str, u32) {
+        match self.lag_of(var) {
+            Some(g) => (&g.of.value, g.by),
+            None => (var, 0),
+        }
     }
     pub fn init_of(&self, var: &str) -> Option<&Ref> {
         self.init.iter().find(|(v, _)| v.value == var).map(|(_, r)| r)
@@ -241,6 +259,7 @@ fn lower_loop<'a>(
             ),
         }
     }
+    let lag = l.lag.iter().map(|(var, g)| Lag { var: var.clone(), of: g.of.clone(), by: g.by.value }).collect();
     let stop = match &l.stop_when {
         None => None,
         Some(w) => match w.metric.value.split_once('.') {
@@ -269,5 +288,5 @@ fn lower_loop<'a>(
             body.push(stage);
         }
     }
-    (diags.len() == before).then_some(Loop { name, spec: l, init, carry, stop, body })
+    (diags.len() == before).then_some(Loop { name, spec: l, init, carry, lag, stop, body })
 }

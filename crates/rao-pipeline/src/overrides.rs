@@ -1,7 +1,8 @@
 //! `--set path.to.key=value`: change a pipeline without editing the file (recorded in the run record).
 //!
 //! Paths: `name`, `seed`, `store`, `params.NAME[.SUB…]`, `stages.STAGE.params.NAME[.SUB…]`,
-//! `stages.STAGE.retries`, `stages.STAGE.timeout`, `stages.LOOP.loop.max_iterations`.
+//! `stages.STAGE.retries`, `stages.STAGE.timeout`, `stages.LOOP.loop.max_iterations`,
+//! `stages.LOOP.loop.lag.VAR.by`.
 //! Stages inside loop bodies are found by name too. Values are YAML scalars (`3`, `0.5`, `true`, `text`).
 
 use serde_json::Value;
@@ -9,7 +10,7 @@ use serde_json::Value;
 use crate::diag::{Diagnostic, did_you_mean};
 use crate::spec::{Duration, OrderedMap, PipelineFile, Pos, Sp, StageSpec};
 
-const PATHS_HELP: &str = "`--set PATH=VALUE` takes seed, store, name, params.NAME[.SUB…], stages.STAGE.params.NAME[.SUB…], stages.STAGE.retries, stages.STAGE.timeout or stages.LOOP.loop.max_iterations";
+const PATHS_HELP: &str = "`--set PATH=VALUE` takes seed, store, name, params.NAME[.SUB…], stages.STAGE.params.NAME[.SUB…], stages.STAGE.retries, stages.STAGE.timeout, stages.LOOP.loop.max_iterations or stages.LOOP.loop.lag.VAR.by";
 
 pub fn apply(spec: &mut PipelineFile, overrides: &[String]) -> Result<(), Diagnostic> {
     for o in overrides {
@@ -49,11 +50,20 @@ fn apply_one(spec: &mut PipelineFile, o: &str) -> Result<(), String> {
                     let l = s.loop_.as_mut().ok_or_else(|| format!("stage `{stage}` is not a loop"))?;
                     l.max_iterations = Sp::synthetic(small_int(&value, "max_iterations", 1, u32::MAX)?);
                 }
+                ["loop", "lag", var, "by"] => {
+                    let l = s.loop_.as_mut().ok_or_else(|| format!("stage `{stage}` is not a loop"))?;
+                    let names: Vec<String> = l.lag.keys().map(str::to_string).collect();
+                    let lag = l.lag.get_mut(var).ok_or_else(|| match names.is_empty() {
+                        true => format!("loop `{stage}` has no `lag`; add `lag: {{{var}: {{of: VAR, by: K}}}}` to it"),
+                        false => format!("loop `{stage}` has no lagged variable `{var}` (it has: {})", names.join(", ")),
+                    })?;
+                    lag.by = Sp::synthetic(small_int(&value, "by", 0, u32::MAX)?);
+                }
                 // A loop's body stages have names of their own, unique in the file.
                 ["stages", body, more @ ..] => {
                     return Err(format!("a loop's stages are set by their own name: `stages.{body}.{}`", more.join(".")));
                 }
-                _ => return Err("can set params.NAME, retries, timeout or loop.max_iterations of a stage".into()),
+                _ => return Err("can set params.NAME, retries, timeout, loop.max_iterations or loop.lag.VAR.by of a stage".into()),
             }
         }
         _ => return Err("unknown path; use seed, store, params.NAME or stages.STAGE.params.NAME".into()),

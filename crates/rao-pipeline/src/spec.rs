@@ -414,6 +414,22 @@ pub struct LoopSpec {
     /// Stop early once a metric of a body stage crosses a threshold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_when: Option<StopWhen>,
+    /// Lagged loop variables: `VAR: {of: CARRIED, by: K}` makes `loop.VAR` in iteration i the
+    /// value `CARRIED` had after iteration i−1−K (its `init` while that is before iteration 1).
+    /// A rollout reading a policy K updates old may then run beside the K updates in between:
+    /// asynchronous training with a fixed staleness, deterministic and resumable.
+    #[serde(default)]
+    pub lag: OrderedMap<LagSpec>,
+}
+
+/// One lagged loop variable: the carried variable it follows and how many iterations behind.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LagSpec {
+    /// A variable under the loop's `carry`.
+    pub of: Sp<String>,
+    /// Iterations behind the freshest value (0: the same as `loop.CARRIED`).
+    pub by: Sp<u32>,
 }
 
 /// Early stop: `metric: BODYSTAGE.METRIC` with `above` and/or `below` thresholds.

@@ -572,3 +572,101 @@ fn fingerprints_hash_params_as_resolved_and_the_kinds_code() {
     assert_ne!(changed.fingerprint(), implicit);
     assert_eq!(changed.explain_change(&parts), vec!["code of kind shell changed".to_string()]);
 }
+
+/// A loop whose rollouts read the policy `by` updates behind (`lag`), of shell stages that write
+/// what they read: `policy` files name the chain of updates, `trees` the policy they sampled with.
+fn lagged_loop(by: Option<u32>, sleep: f64) -> String {
+    let (lag, read) = match by {
+        Some(by) => (format!("      lag: {{behaviour: {{of: policy, by: {by}}}}}\n"), "loop.behaviour"),
+        None => (String::new(), "loop.policy"),
+    };
+    format!(
+        "\
+name: x
+stages:
+  init: {{kind: shell, params: {{command: 'echo p0 > ${{outputs.o}}/p'}}, outputs: [o]}}
+  train:
+    loop:
+      max_iterations: 5
+      init: {{policy: init.o}}
+      carry: {{policy: update.o}}
+{lag}    stages:
+      rollout:
+        kind: shell
+        inputs: {{b: {read}}}
+        params: {{command: 'sleep {sleep}; cat ${{inputs.b}}/p > ${{outputs.o}}/t'}}
+        outputs: [o]
+      update:
+        kind: shell
+        inputs: {{p: loop.policy, t: rollout.o}}
+        params: {{command: 'sleep {sleep}; (cat ${{inputs.p}}/p; echo \"+ trees of [$(tr \"\\n\" \" \" < ${{inputs.t}}/t)]\") > ${{outputs.o}}/p'}}
+        outputs: [o]
+"
+    )
+}
+
+#[test]
+fn a_lagged_variable_reads_the_carried_value_that_many_iterations_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = compile(&lagged_loop(Some(2), 0.0), dir.path()).unwrap();
+    let reads = |name: &str| -> Vec<String> {
+        let i = c.instance_index(name).unwrap();
+        c.predecessors(i).map(|p| c.instances[p].name.clone()).collect()
+    };
+    // Iteration i samples with update i−1−2; before update 1, with the init.
+    assert_eq!(reads("rollout@1"), ["init"]);
+    assert_eq!(reads("rollout@3"), ["init"]);
+    assert_eq!(reads("rollout@4"), ["update@1"]);
+    assert_eq!(reads("rollout@5"), ["update@2"]);
+    // The learner always starts from the freshest policy.
+    let mut u5 = reads("update@5");
+    u5.sort();
+    assert_eq!(u5, ["rollout@5", "update@4"]);
+}
+
+#[test]
+fn a_lag_that_follows_nothing_carried_or_shadows_a_carried_name_is_located() {
+    let e = errors(&lagged_loop(Some(1), 0.0).replace("of: policy", "of: polcy"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].2.contains("lag `behaviour` follows `polcy`, which the loop does not carry"), "{e:?}");
+    assert_eq!((e[0].0, e[0].3.as_deref()), (9, Some("did you mean `policy`?")));
+    let e = errors(&lagged_loop(Some(1), 0.0).replace("lag: {behaviour:", "lag: {policy:").replace("loop.behaviour", "loop.policy"));
+    assert!(e.iter().any(|e| e.2.contains("lag `policy` has the name of a carried variable") && e.0 == 9), "{e:?}");
+}
+
+#[tokio::test]
+async fn lag_0_is_the_synchronous_loop_and_lag_1_overlaps_rollouts_with_updates() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open("memory://", dir.path()).unwrap();
+    // Lag 0 is the loop without a lag, artifact for artifact: its run finds everything cached.
+    let plain = run_with(&lagged_loop(None, 0.0), dir.path(), &store, &[], 2).await;
+    assert_eq!(plain.status, RunStatus::Succeeded);
+    let lag0 = run_with(&lagged_loop(Some(0), 0.0), dir.path(), &store, &[], 2).await;
+    assert!(lag0.instances.iter().all(|i| i.status == InstanceStatus::Cached), "{:?}", lag0.instances);
+    let fps = |r: &RunRecord| r.instances.iter().map(|i| i.fingerprint.clone().unwrap()).collect::<Vec<_>>();
+    assert_eq!(fps(&plain), fps(&lag0));
+
+    // Lag 1: rollout@i+1 runs beside update@i, and every update trains on its own iteration's trees.
+    let r = run_with(&lagged_loop(Some(1), 0.3), dir.path(), &store, &[], 2).await;
+    assert_eq!(r.status, RunStatus::Succeeded);
+    let span = |name: &str| {
+        let i = r.instances.iter().find(|i| i.name == name).unwrap();
+        (i.started_at.unwrap(), i.finished_at.unwrap())
+    };
+    for k in 2..=4 {
+        let (rs, re) = span(&format!("rollout@{}", k + 1));
+        let (us, ue) = span(&format!("update@{k}"));
+        assert!(rs < ue && us < re, "rollout@{} and update@{k} did not overlap: {:?} {:?}", k + 1, (rs, re), (us, ue));
+    }
+    let last = r.instances.iter().find(|i| i.name == "update@5").unwrap().fingerprint.clone().unwrap();
+    let policy = String::from_utf8(output_file(&store, &last, "o", "p").await.to_vec()).unwrap();
+    // Update i trains on trees sampled with update i−2's policy (the init for i ≤ 2).
+    let mut expected = "p0".to_string();
+    let mut versions = vec![expected.clone()];
+    for i in 1..=5usize {
+        let behaviour = versions[i.saturating_sub(2)].clone();
+        expected = format!("{expected}\n+ trees of [{} ]", behaviour.replace('\n', " "));
+        versions.push(expected.clone());
+    }
+    assert_eq!(policy.trim_end(), expected);
+}
