@@ -44,6 +44,11 @@ pub struct Vllm {
 impl Vllm {
     /// Starts `vllm` on `model` (extra server arguments after it) and waits until it answers.
     pub fn start(model: &Path, log_dir: &Path, extra: &[&str]) -> Vllm {
+        Vllm::launch(model, log_dir, extra).ready()
+    }
+
+    /// Starts `vllm` without waiting (several start faster side by side; then `ready`).
+    pub fn launch(model: &Path, log_dir: &Path, extra: &[&str]) -> Vllm {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = log_dir.join(format!("vllm-{port}.log"));
         let out = std::fs::File::create(&log).unwrap();
@@ -60,16 +65,20 @@ impl Vllm {
             .stdout(out.try_clone().unwrap())
             .stderr(out);
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let mut server = Vllm { child: cmd.spawn().expect("start vllm"), port, model: served.into(), log };
+        Vllm { child: cmd.spawn().expect("start vllm"), port, model: served.into(), log }
+    }
+
+    /// Waits until the server answers /health.
+    pub fn ready(mut self) -> Vllm {
         let t0 = Instant::now();
         loop {
-            if let Some(status) = server.child.try_wait().unwrap() {
-                panic!("vllm exited ({status}) before answering:\n{}", server.log_tail());
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("vllm exited ({status}) before answering:\n{}", self.log_tail());
             }
-            if server.get("/health").is_some_and(|(code, _)| code == 200) {
-                return server;
+            if self.get("/health").is_some_and(|(code, _)| code == 200) {
+                return self;
             }
-            assert!(t0.elapsed() < START_TIMEOUT, "vllm did not answer within {START_TIMEOUT:?}:\n{}", server.log_tail());
+            assert!(t0.elapsed() < START_TIMEOUT, "vllm did not answer within {START_TIMEOUT:?}:\n{}", self.log_tail());
             std::thread::sleep(Duration::from_millis(500));
         }
     }
@@ -92,6 +101,14 @@ impl Vllm {
     /// A JSON POST on the server: (status code, body).
     pub fn post(&self, path: &str, body: &serde_json::Value) -> (u16, String) {
         http(self.port, "POST", path, &body.to_string()).expect("vllm answers")
+    }
+}
+
+impl Vllm {
+    /// SIGKILL to the whole server at once, as a crashed machine would go.
+    pub fn kill_now(&mut self) {
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.wait();
     }
 }
 

@@ -12,6 +12,10 @@
 //! are those of the distribution sampled (what CISPO's ratio needs). At temperature 1 both modes
 //! give the same numbers.
 //!
+//! Versions: the checkpoint's own weights are what the engine serves, or the stage fails
+//! (`engine_version`): LoRA adapters are loaded into every server under a versioned name, and
+//! every answer must come from that name.
+//!
 //! Several servers: requests are spread over them in turn; a request that finds its server
 //! gone, or gets 5xx/429, goes to the next one (up to `retries` passes over all of them). A
 //! request that fails anyway, or that a server refuses (4xx), fails the stage: a tree with a
@@ -30,6 +34,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::engine_version::{self, ServedVersion};
 use crate::openai_policy::api_seed;
 use crate::text_policy::{TextForm, action_of, token_space};
 
@@ -50,6 +55,10 @@ pub struct EngineEndpoints {
     /// Requests in flight at once, over all servers.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
+    /// Where adapter versions are written for the servers to load (a folder every server can
+    /// read: local engines read the default, a folder under the system's temporary directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter_dir: Option<std::path::PathBuf>,
 }
 
 fn default_timeout() -> f64 {
@@ -65,6 +74,11 @@ fn default_concurrency() -> usize {
 impl EngineEndpoints {
     /// What `rao validate` refuses: no server, a URL that is not http(s), a timeout that is no
     /// duration.
+    /// The folder adapter versions are written to.
+    pub fn adapter_root(&self) -> std::path::PathBuf {
+        self.adapter_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("rao-adapters"))
+    }
+
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
         if self.urls.is_empty() {
@@ -84,6 +98,8 @@ impl EngineEndpoints {
 
 pub struct EnginePolicy {
     endpoints: EngineEndpoints,
+    /// The name requests ask for: the base model's, or the checkpoint's adapter version.
+    served: ServedVersion,
     client: reqwest::Client,
     form: Arc<TextForm>,
     /// The action grammar in Lark, flat and recursive.
@@ -98,15 +114,18 @@ pub struct EnginePolicy {
     next: AtomicUsize,
     sent: AtomicUsize,
     retried: AtomicUsize,
+    reloads: AtomicUsize,
     failed: AtomicUsize,
     pub unusable: AtomicUsize,
     first_failure: std::sync::OnceLock<String>,
 }
 
 impl EnginePolicy {
-    /// `policy`: the checkpoint's model as loaded in rao (its stop token, vocabulary size and
-    /// version); `tokenizer`: its tokenizer, the same files the engine serves.
-    pub fn new(
+    /// `policy`: the checkpoint's model as loaded in rao (its stop token, version and adapters,
+    /// which every server is made to serve); `tokenizer`: its tokenizer, the same files the
+    /// engine serves.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn connect(
         endpoints: EngineEndpoints,
         policy: &Policy,
         tokenizer: Arc<TextTokenizer>,
@@ -121,7 +140,9 @@ impl EnginePolicy {
         let stop = *policy.stop_tokens.first().ok_or_else(|| anyhow::anyhow!("the model has no stop token"))?;
         let lark = |recursive| env_grammar.lark(recursive).ok_or_else(|| anyhow::anyhow!("this environment's actions have no text form"));
         let client = reqwest::Client::builder().timeout(Duration::from_secs_f64(endpoints.timeout_s)).build()?;
+        let served = engine_version::serve(&client, &endpoints.urls, &endpoints.model, policy, &endpoints.adapter_root()).await?;
         Ok(EnginePolicy {
+            served,
             permits: tokio::sync::Semaphore::new(endpoints.concurrency.max(1)),
             endpoints,
             client,
@@ -135,6 +156,7 @@ impl EnginePolicy {
             next: AtomicUsize::new(0),
             sent: AtomicUsize::new(0),
             retried: AtomicUsize::new(0),
+            reloads: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
             unusable: AtomicUsize::new(0),
             first_failure: std::sync::OnceLock::new(),
@@ -157,7 +179,7 @@ impl EnginePolicy {
         }
         let prompt = [r.model_context.as_slice(), fed.as_slice()].concat();
         let body = json!({
-            "model": self.endpoints.model,
+            "model": self.served.model,
             "prompt": prompt,
             "max_tokens": self.window - used,
             "temperature": self.temperature,
@@ -179,6 +201,11 @@ impl EnginePolicy {
         }
     }
 
+    /// The model name requests ask for (the adapter version's, or the base model's).
+    pub fn served_model(&self) -> &str {
+        &self.served.model
+    }
+
     fn tokens(&self, fed: Vec<u32>, sampled: Vec<u32>, logprobs: Vec<f32>) -> ModelTokens {
         ModelTokens { space: self.space.clone(), fed, sampled, logprobs }
     }
@@ -194,7 +221,9 @@ impl EnginePolicy {
         let servers = self.endpoints.urls.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         let mut last_err = String::new();
-        for attempt in 0..servers * (self.endpoints.retries as usize + 1) {
+        let mut reloaded = Vec::new();
+        let mut attempt = 0;
+        while attempt < servers * (self.endpoints.retries as usize + 1) {
             if attempt > 0 {
                 self.retried.fetch_add(1, Ordering::Relaxed);
                 if attempt % servers == 0 {
@@ -202,11 +231,15 @@ impl EnginePolicy {
                     tokio::time::sleep(Duration::from_millis(250 << (attempt / servers - 1).min(5))).await;
                 }
             }
-            let url = format!("{}/completions", self.endpoints.urls[(first + attempt) % servers].trim_end_matches('/'));
+            let server = (first + attempt) % servers;
+            let url = format!("{}/completions", self.endpoints.urls[server].trim_end_matches('/'));
             self.sent.fetch_add(1, Ordering::Relaxed);
             match self.client.post(&url).json(body).send().await {
                 Ok(resp) if resp.status().is_success() => {
                     let v: Value = resp.json().await.map_err(|e| format!("{url}: the answer is not JSON: {e}"))?;
+                    if v["model"].as_str() != Some(&self.served.model) {
+                        return Err(format!("{url} answered as model {}, not the version asked for (`{}`)", v["model"], self.served.model));
+                    }
                     return sampled_of(&v).ok_or_else(|| format!("{url}: the answer has no choices[0].token_ids with their logprobs"));
                 }
                 Ok(resp) if resp.status().is_server_error() || resp.status().as_u16() == 429 => {
@@ -214,10 +247,24 @@ impl EnginePolicy {
                 }
                 Ok(resp) => {
                     let status = resp.status();
-                    return Err(format!("{url} answered HTTP {status}{}", crate::chat_api::server_says(resp).await));
+                    let says = crate::chat_api::server_says(resp).await;
+                    // The adapter version was unloaded (by a stage of a newer version): load it
+                    // again and ask the same server once more.
+                    if let Some(dir) = &self.served.adapter
+                        && engine_version::is_unknown_model(status.as_u16(), &says)
+                        && !reloaded.contains(&server)
+                    {
+                        let base = &self.endpoints.urls[server];
+                        engine_version::load(&self.client, base, &self.served.model, dir).await.map_err(|e| format!("{e:#}"))?;
+                        self.reloads.fetch_add(1, Ordering::Relaxed);
+                        reloaded.push(server);
+                        continue;
+                    }
+                    return Err(format!("{url} answered HTTP {status}{says}"));
                 }
                 Err(e) => last_err = e.to_string(),
             }
+            attempt += 1;
         }
         Err(format!("no server answered after {} tries: {last_err}", servers * (self.endpoints.retries as usize + 1)))
     }
@@ -249,6 +296,7 @@ impl rao_agent::Policy for EnginePolicy {
         vec![
             ("engine_requests", self.sent.load(Ordering::Relaxed) as f64),
             ("engine_retries", self.retried.load(Ordering::Relaxed) as f64),
+            ("engine_adapter_reloads", self.reloads.load(Ordering::Relaxed) as f64),
             ("engine_failed_requests", self.failed.load(Ordering::Relaxed) as f64),
             ("text_unusable_replies", self.unusable.load(Ordering::Relaxed) as f64),
         ]

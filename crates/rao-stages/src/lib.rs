@@ -36,6 +36,7 @@ pub fn registry() -> Registry {
 pub mod advantage;
 pub mod chat_api;
 pub mod engine_policy;
+pub mod engine_version;
 pub mod evaluate;
 pub mod hf_export;
 pub mod hf_model;

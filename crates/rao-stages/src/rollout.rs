@@ -590,15 +590,11 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
                 )
             })?;
             let grammar = set.grammar(limits.max_children as usize);
-            Arc::new(EnginePolicy::new(
-                endpoints,
-                &model.policy,
-                tokenizer,
-                grammar.as_ref(),
-                set.episode(0),
-                p.temperature,
-                limits.window,
-            )?)
+            let engine =
+                EnginePolicy::connect(endpoints, &model.policy, tokenizer, grammar.as_ref(), set.episode(0), p.temperature, limits.window)
+                    .await?;
+            ctx.note(format!("engine serves version {} as `{}`", model.policy.version, engine.served_model()));
+            Arc::new(engine)
         }
         PolicyKind::Gold => anyhow::bail!("`policy: gold` replays each task's own trajectory (`gold_trees`), not one policy for all"),
     })

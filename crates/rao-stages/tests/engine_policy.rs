@@ -45,15 +45,22 @@ async fn check(set: &dyn TaskSet, model: &Arc<Policy>, tokenizer: &Arc<hf::TextT
     let name = set.env();
     let grammar = set.grammar(2);
     let engine = |temperature| {
-        let endpoints =
-            EngineEndpoints { urls: vec![server.base_url()], model: server.model.clone(), timeout_s: 120.0, retries: 0, concurrency: 16 };
-        Arc::new(EnginePolicy::new(endpoints, model, tokenizer.clone(), grammar.as_ref(), set.episode(0), temperature, WINDOW).unwrap())
+        let endpoints = EngineEndpoints {
+            urls: vec![server.base_url()],
+            model: server.model.clone(),
+            timeout_s: 120.0,
+            retries: 0,
+            concurrency: 16,
+            adapter_dir: None,
+        };
+        let engine = EnginePolicy::connect(endpoints, model, tokenizer.clone(), grammar.as_ref(), set.episode(0), temperature, WINDOW);
+        async { Arc::new(engine.await.unwrap()) }
     };
     let local = Arc::new(TextPolicy::new(model.clone(), tokenizer.clone(), grammar.as_ref(), set.episode(0), 0.0, WINDOW).unwrap());
 
     // Greedy: the same trees, token for token.
     for mode in [Mode::Recursive, Mode::Flat] {
-        let through_engine = engine(0.0);
+        let through_engine = engine(0.0).await;
         let (want, got) = (trees(set, local.clone(), mode, 1, 7).await, trees(set, through_engine.clone(), mode, 1, 7).await);
         assert!(rao_agent::Policy::unusable(through_engine.as_ref()).is_none(), "{name}");
         assert_eq!(want.len(), got.len(), "{name} {mode}: nodes");
@@ -75,7 +82,7 @@ async fn check(set: &dyn TaskSet, model: &Arc<Policy>, tokenizer: &Arc<hf::TextT
     // those of rao's model over the stored tokens, under the text grammar.
     let text = text_grammar(model, tokenizer, grammar.as_ref()).unwrap();
     for temperature in [1.0, 0.7] {
-        let through_engine = engine(temperature);
+        let through_engine = engine(temperature).await;
         let nodes = trees(set, through_engine.clone(), Mode::Recursive, 2, 11).await;
         assert!(rao_agent::Policy::unusable(through_engine.as_ref()).is_none(), "{name}");
         assert_eq!(through_engine.unusable.load(Ordering::SeqCst), 0, "{name}: every reply read as an action");
