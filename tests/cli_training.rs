@@ -452,3 +452,76 @@ stages:
     assert!(resumed.is_some_and(|s| s > 0.0), "the second run did not resume: {}", manifest["metrics"]);
     assert!(!dir.path().join(format!("killed/progress/{fp}")).exists(), "progress is removed once published");
 }
+
+/// The asynchronous loop (lag 1: rollout i samples with update i−2's policy, beside update i−1)
+/// killed with SIGKILL at random moments, then run again: it ends exactly where a run that was
+/// never killed ends — every checkpoint and optimiser state equal byte for byte, so no iteration
+/// was repeated or skipped and no rollout lost or trained on twice — and every tree row records
+/// the version of the policy that sampled it.
+#[test]
+fn an_async_loop_killed_at_random_moments_ends_where_an_unkilled_one_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = small_pipeline(dir.path());
+    let p = p.to_str().unwrap();
+    let mut set: Vec<&str> = SHRINK.to_vec();
+    set.extend(["--set", "stages.train.loop.max_iterations=5", "--set", "stages.train.loop.lag.behaviour.by=1"]);
+    let args = |cmd: &str, store: &str| -> Vec<String> {
+        [cmd, p, "--store", store].into_iter().chain(set.iter().copied()).map(str::to_string).collect()
+    };
+    let run = |store: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rao"));
+        c.args(args("run", store)).current_dir(dir.path());
+        c
+    };
+    let t0 = std::time::Instant::now();
+    let o = run("whole").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let whole_run = t0.elapsed();
+
+    let published = || std::fs::read_dir(dir.path().join("killed/index/textcraft-synth")).map(|d| d.count()).unwrap_or(0);
+    let mut kills = 0;
+    for _ in 0..4 {
+        let mut child = run("killed").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+        // Once this run has published something new (after the warm start), a random moment
+        // within a third of what the whole run took: each kill lands in some stage of some
+        // iteration, and the rounds get through the loop.
+        let warm = dir.path().join("killed/index/textcraft-synth/warmstart.json");
+        let before = published();
+        while (!warm.exists() || published() == before) && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        std::thread::sleep(whole_run.mul_f64(f64::from(nanos % 1000) / 3000.0));
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap();
+            kills += 1;
+        }
+        child.wait().unwrap();
+        eprintln!("killed with {} instances published", published());
+    }
+    let o = run("killed").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    eprintln!("killed {kills} times; the whole run took {whole_run:?}");
+    assert!(kills >= 1, "no kill landed");
+
+    let (whole, killed) = (dir.path().join("whole"), dir.path().join("killed"));
+    let params = file_hashes(&whole, "model.bpk");
+    assert_eq!(params.len(), 6, "warm start + 5 updates: {params:?}");
+    assert_eq!(params, file_hashes(&killed, "model.bpk"), "the killed run's checkpoints differ");
+    assert_eq!(file_hashes(&whole, "optim.bin"), file_hashes(&killed, "optim.bin"));
+    for i in 1..=5 {
+        let o = Command::new(env!("CARGO_BIN_EXE_rao"))
+            .args(args("path", "killed").into_iter().take(2).chain([format!("rollout@{i}"), "trees.parquet".into()]))
+            .args(["--store", "killed"])
+            .args(&set)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let path = String::from_utf8(o.stdout).unwrap();
+        let nodes = rao_core::parquet_io::nodes_from_parquet(std::fs::read(dir.path().join(path.trim())).unwrap().into()).unwrap();
+        let versions: std::collections::BTreeSet<i32> = nodes.iter().map(|n| n.policy_version).collect();
+        // Update 0 is the warm start; rollout i samples with update max(i − 2, 0).
+        assert_eq!(versions, [(i - 2).max(0)].into(), "rollout@{i}");
+    }
+}
