@@ -178,3 +178,113 @@ fn greedy_engine_rollouts_equal_in_process_rollouts_token_for_token() {
         assert_eq!(l.turns.len(), e.turns.len(), "{at}");
     }
 }
+
+/// Every process: (pid, process group, command line with NULs between arguments).
+fn processes() -> Vec<(u32, u32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid pgrp …: the fields after the last ')'.
+        let Some(pgrp) = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse().ok()) else { continue };
+        let cmdline = String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).unwrap_or_default()).into_owned();
+        out.push((pid, pgrp, cmdline));
+    }
+    out
+}
+
+/// pipelines/bring-your-own-model-engine.yaml, shrunk: rao starts vLLM on the model's folder,
+/// rollouts and evaluations go through it with each LoRA version loaded as it is made, the loop
+/// runs asynchronously (lag 1), and no server outlives the run — neither a run that ends nor one
+/// killed with SIGKILL (its guard stops the servers).
+#[test]
+fn the_engine_pipeline_starts_vllm_itself_and_no_server_outlives_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = vllm::tiny_model(dir.path());
+    let model_arg = format!("params.model={}", model.display());
+    let pipeline = vllm::root().join("pipelines/bring-your-own-model-engine.yaml");
+    let mut args: Vec<String> = ["run", pipeline.to_str().unwrap(), "--store", "store"].map(String::from).to_vec();
+    for set in [
+        &model_arg,
+        "params.demo_per_band=4",
+        "params.warmstart_steps=10",
+        "params.gate_per_band=2",
+        "params.train_per_band=2",
+        "params.group_size=2",
+        "params.eval_per_band=2",
+        "stages.train.loop.max_iterations=3",
+        "stages.train.loop.lag.behaviour.by=1",
+    ] {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    // The servers' process groups: led by a process serving this test's own model folder.
+    let serving = format!("--model\0{}\0", model.display());
+    let groups = || -> Vec<u32> { processes().into_iter().filter(|p| p.2.contains(&serving)).map(|p| p.1).collect() };
+    let gone_within = |groups: &[u32], limit: std::time::Duration| {
+        let t0 = std::time::Instant::now();
+        loop {
+            let left: Vec<u32> = processes().into_iter().filter(|p| groups.contains(&p.1)).map(|p| p.0).collect();
+            if left.is_empty() {
+                return;
+            }
+            assert!(t0.elapsed() < limit, "server processes still running after {limit:?}: {left:?}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+
+    // Killed once the engine serves: the guard stops the servers.
+    let log = dir.path().join("killed.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rao"))
+        .args(&args)
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("engine serves version") {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended first:\n{}", std::fs::read_to_string(&log).unwrap());
+        assert!(t0.elapsed() < std::time::Duration::from_secs(600), "the engine never served");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let started = groups();
+    assert_eq!(started.len(), 1, "one server");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    gone_within(&started, std::time::Duration::from_secs(30));
+
+    // Run again to the end: it resumes, every rollout and evaluation through the engine.
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let watch = std::thread::spawn({
+        let serving = serving.clone();
+        move || {
+            // The groups this run starts, seen while it runs.
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..3000 {
+                seen.extend(processes().into_iter().filter(|p| p.2.contains(&serving)).map(|p| p.1));
+                if !seen.is_empty() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            seen
+        }
+    });
+    let o = rao(&args, dir.path());
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let second: Vec<u32> = watch.join().unwrap().into_iter().collect();
+    assert_eq!(second.len(), 1, "the second run started its server");
+    gone_within(&second, std::time::Duration::from_secs(5));
+    for (stage, version) in [("rollout@3", 1), ("evaluate_warmstart", 0), ("evaluate", 3)] {
+        let line = format!("{stage}: engine serves version {version} as `model-v{version}-");
+        assert!(out.contains(&line), "no `{line}` in:\n{out}");
+    }
+    let mut path_args = vec!["path", args[1], "rollout@3", "trees.parquet"];
+    path_args.extend(&args[2..]);
+    let o = rao(&path_args, dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let path = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let trees = rao_core::parquet_io::nodes_from_parquet(std::fs::read(dir.path().join(path)).unwrap().into()).unwrap();
+    assert!(!trees.is_empty() && trees.iter().all(|n| n.policy_version == 1), "rollout@3 samples with update 1's adapter");
+}

@@ -39,6 +39,7 @@ pub struct Vllm {
     /// The model's name in requests (the `--served-model-name`).
     pub model: String,
     log: PathBuf,
+    _guard: (Child, Option<std::process::ChildStdin>),
 }
 
 impl Vllm {
@@ -65,7 +66,18 @@ impl Vllm {
             .stdout(out.try_clone().unwrap())
             .stderr(out);
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        Vllm { child: cmd.spawn().expect("start vllm"), port, model: served.into(), log }
+        let child = cmd.spawn().expect("start vllm");
+        // A guard: when this test process ends (a shared server in a static is never dropped),
+        // the pipe closes and the guard stops the server's group.
+        let mut guard = Command::new("sh")
+            .args(["-c", &format!("read _; kill -TERM -{0} 2>/dev/null; sleep 10; kill -KILL -{0} 2>/dev/null", child.id())])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the guard");
+        let guard_pipe = guard.stdin.take();
+        Vllm { child, port, model: served.into(), log, _guard: (guard, guard_pipe) }
     }
 
     /// Waits until the server answers /health.

@@ -612,7 +612,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
             let opts = RunOptions { jobs, gpus, force, from, only, reporter, handle_ctrl_c: true, code_version: code_version() };
             let c = Arc::new(c);
-            let record = rao_pipeline::run(c.clone(), exec, &store, opts).await?;
+            let record = rao_pipeline::run(c.clone(), exec, &store, opts).await;
+            // Engines the run started stop with it, whatever its outcome.
+            rao_stages::engine_launch::stop_all().await;
+            let record = record?;
             export_run(&c, &store, &record.run_id, &targets).await;
             let evaluated = record.instances.iter().any(|i| {
                 i.kind == rao_stages::kinds::EVALUATE
@@ -664,7 +667,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 rao_pipeline::interrupt::interrupted().await;
                 on_ctrl_c.cancel();
             });
-            let m = match rao_pipeline::exec::execute_by_name(&c, &registry, &store, &instance, &run_id, &reporter, cancel).await {
+            let m = rao_pipeline::exec::execute_by_name(&c, &registry, &store, &instance, &run_id, &reporter, cancel).await;
+            rao_stages::engine_launch::stop_all().await;
+            let m = match m {
                 Err(e) if matches!(e.downcast_ref(), Some(rao_pipeline::exec::ExecError::Cancelled)) => {
                     eprintln!("cancelled: {instance}");
                     return Ok(ExitCode::from(130));

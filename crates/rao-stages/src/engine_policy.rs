@@ -34,6 +34,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::engine_launch::EngineLaunch;
 use crate::engine_version::{self, ServedVersion};
 use crate::openai_policy::api_seed;
 use crate::text_policy::{TextForm, action_of, token_space};
@@ -42,8 +43,13 @@ use crate::text_policy::{TextForm, action_of, token_space};
 #[derive(Debug, Clone, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EngineEndpoints {
-    /// Base URLs of the servers, e.g. `["http://127.0.0.1:8000/v1"]` (`/completions` is appended).
+    /// Base URLs of servers someone runs, e.g. `["http://127.0.0.1:8000/v1"]` (`/completions`
+    /// is appended). Or `launch`: rao starts them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub urls: Vec<String>,
+    /// Servers rao starts on a model's directory for this run, and stops when the run ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<EngineLaunch>,
     /// The name the servers serve the model under (`--served-model-name`, or an adapter's name).
     pub model: String,
     /// Seconds one request may take.
@@ -81,8 +87,13 @@ impl EngineEndpoints {
 
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if self.urls.is_empty() {
-            out.push("`urls` is empty: name at least one server, e.g. `[\"http://127.0.0.1:8000/v1\"]`".into());
+        match (&self.launch, self.urls.is_empty()) {
+            (None, true) => out.push(
+                "no servers: give `urls` of servers someone runs (e.g. `[\"http://127.0.0.1:8000/v1\"]`), or `launch: {model: DIR}` for rao to start them".into(),
+            ),
+            (Some(_), false) => out.push("give `urls` or `launch`, not both".into()),
+            (Some(l), true) => out.extend(l.problems()),
+            (None, false) => {}
         }
         for u in &self.urls {
             if !(u.starts_with("http://") || u.starts_with("https://")) {

@@ -35,6 +35,7 @@ pub fn registry() -> Registry {
 }
 pub mod advantage;
 pub mod chat_api;
+pub mod engine_launch;
 pub mod engine_policy;
 pub mod engine_version;
 pub mod evaluate;

@@ -52,7 +52,7 @@ pub fn needs_engine(policy: PolicyKind, engine: Option<&EngineEndpoints>) -> Vec
         (PolicyKind::Engine, None) => vec![error(
             "policy",
             "`policy: engine` needs an `engine` block: the servers to call".into(),
-            "add `engine: {urls: [\"http://127.0.0.1:8000/v1\"], model: NAME}` (the name the servers serve the model under)",
+            "add `engine: {launch: {model: DIR}, model: NAME}` for rao to start vLLM on the model's directory, or `engine: {urls: [\"http://127.0.0.1:8000/v1\"], model: NAME}` for servers you run (NAME: the name they serve the model under)",
         )],
         (PolicyKind::Engine, Some(e)) => {
             e.problems().into_iter().map(|p| error("engine", p, "see `rao kinds rollout` or the schema for the `engine` block")).collect()
@@ -590,6 +590,11 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
                 )
             })?;
             let grammar = set.grammar(limits.max_children as usize);
+            let mut endpoints = endpoints;
+            if let Some(launch) = endpoints.launch.take() {
+                let rank = model.policy.lora.as_ref().map(|l| l.rank);
+                endpoints.urls = crate::engine_launch::urls(&launch, &ctx.base_dir, &endpoints.model, rank).await?;
+            }
             let engine =
                 EnginePolicy::connect(endpoints, &model.policy, tokenizer, grammar.as_ref(), set.episode(0), p.temperature, limits.window)
                     .await?;

@@ -52,6 +52,7 @@ async fn check(set: &dyn TaskSet, model: &Arc<Policy>, tokenizer: &Arc<hf::TextT
             retries: 0,
             concurrency: 16,
             adapter_dir: None,
+            launch: None,
         };
         let engine = EnginePolicy::connect(endpoints, model, tokenizer.clone(), grammar.as_ref(), set.episode(0), temperature, WINDOW);
         async { Arc::new(engine.await.unwrap()) }

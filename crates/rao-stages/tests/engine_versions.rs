@@ -48,7 +48,15 @@ fn adapted(base: &Policy, rank: usize, seed: u32, version: i32) -> Policy {
 }
 
 fn endpoints(urls: Vec<String>, adapter_dir: &std::path::Path) -> EngineEndpoints {
-    EngineEndpoints { urls, model: "tiny".into(), timeout_s: 120.0, retries: 3, concurrency: 8, adapter_dir: Some(adapter_dir.into()) }
+    EngineEndpoints {
+        urls,
+        model: "tiny".into(),
+        timeout_s: 120.0,
+        retries: 3,
+        concurrency: 8,
+        adapter_dir: Some(adapter_dir.into()),
+        launch: None,
+    }
 }
 
 struct Fixture {

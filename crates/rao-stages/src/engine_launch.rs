@@ -1,0 +1,241 @@
+//! Engines rao starts itself (`engine: {launch: …}`): vLLM servers on a model's directory, on
+//! 127.0.0.1, started by the first stage that needs them, shared by every stage of the run
+//! that asks for the same launch, and stopped when the run ends — whatever way it ends.
+//!
+//! Each server runs in a process group of its own (vLLM's workers outlive a leader that is gone,
+//! so the whole group is signalled). `rao` stops the groups when the run ends (`stop_all`);
+//! should `rao` itself be killed, a guard process (a shell reading a pipe only `rao` holds) sees
+//! the pipe close and kills the groups.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// vLLM's LoRA ranks (`--max-lora-rank` takes only these).
+const LORA_RANKS: [usize; 9] = [1, 8, 16, 32, 64, 128, 256, 320, 512];
+
+/// How rao starts the servers.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EngineLaunch {
+    /// The model's directory as published (config.json, weights, tokenizer files), local;
+    /// relative to the pipeline file's folder.
+    pub model: PathBuf,
+    /// How many servers to start (each a port of 127.0.0.1).
+    #[serde(default = "one")]
+    pub servers: usize,
+    /// More server arguments, after rao's own (`--model`, `--served-model-name`, `--host`,
+    /// `--port`, and for a checkpoint of LoRA adapters `--enable-lora --max-lora-rank R
+    /// --max-loras 2`), e.g. `["--dtype", "bfloat16", "--gpu-memory-utilization", "0.8"]`.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables of the servers (e.g. `CUDA_VISIBLE_DEVICES`, `VLLM_CPU_KVCACHE_SPACE`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The Python that has vLLM (default: `$RAO_VLLM_PYTHON`, else `python3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<PathBuf>,
+    /// Seconds a server may take to answer /health.
+    #[serde(default = "start_timeout")]
+    pub start_timeout_s: u64,
+}
+
+fn one() -> usize {
+    1
+}
+fn start_timeout() -> u64 {
+    900
+}
+
+impl EngineLaunch {
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !(1..=64).contains(&self.servers) {
+            out.push(format!("launch.servers must be from 1 to 64 (got {})", self.servers));
+        }
+        if self.model.to_str().is_some_and(|m| m.contains("://")) {
+            out.push(format!(
+                "launch.model `{}` is a URL: rao starts engines on a local directory; for a model in a bucket, copy it to the machine or give `urls` of servers you run",
+                self.model.display()
+            ));
+        }
+        if !(1..=86_400).contains(&self.start_timeout_s) {
+            out.push(format!("launch.start_timeout_s must be from 1 to 86400 (got {})", self.start_timeout_s));
+        }
+        out
+    }
+}
+
+struct Server {
+    child: Child,
+    /// Held open while rao lives: the guard kills the group when it closes.
+    _guard_pipe: ChildStdin,
+    guard: Child,
+    log: PathBuf,
+}
+
+impl Server {
+    fn group(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// SIGTERM to the group, up to `grace` for it to go, then SIGKILL to what is left.
+    fn stop(mut self, grace: Duration) {
+        let group = self.group();
+        unsafe { libc::kill(-group, libc::SIGTERM) };
+        let t0 = Instant::now();
+        while self.child.try_wait().ok().flatten().is_none() && t0.elapsed() < grace {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+        let _ = self.child.wait();
+        let _ = self.guard.kill();
+        let _ = self.guard.wait();
+    }
+}
+
+struct Launched {
+    key: String,
+    urls: Vec<String>,
+    servers: Vec<Server>,
+}
+
+static ENGINES: tokio::sync::Mutex<Vec<Launched>> = tokio::sync::Mutex::const_new(Vec::new());
+
+/// The base URLs (`http://127.0.0.1:PORT/v1`) of the servers of `launch`, serving the model as
+/// `served_name`, started now if this run has not started them yet. `lora_rank`: the rank of
+/// the checkpoint's adapters (the servers then load adapters at run time).
+pub async fn urls(launch: &EngineLaunch, base_dir: &Path, served_name: &str, lora_rank: Option<usize>) -> anyhow::Result<Vec<String>> {
+    let model = base_dir.join(&launch.model);
+    anyhow::ensure!(
+        model.join("config.json").is_file(),
+        "launch.model `{}` is not a model directory (no config.json in {})",
+        launch.model.display(),
+        model.display()
+    );
+    let key = serde_json::to_string(&(launch, &model, served_name, lora_rank))?;
+    let mut engines = ENGINES.lock().await;
+    if let Some(e) = engines.iter().find(|e| e.key == key) {
+        return Ok(e.urls.clone());
+    }
+    let launch = launch.clone();
+    let served = served_name.to_string();
+    let started = tokio::task::spawn_blocking(move || start(&launch, &model, &served, lora_rank)).await??;
+    let urls = started.iter().map(|(url, _)| url.clone()).collect::<Vec<_>>();
+    engines.push(Launched { key, urls: urls.clone(), servers: started.into_iter().map(|(_, s)| s).collect() });
+    Ok(urls)
+}
+
+/// Stops every server this process started (the end of a run).
+pub async fn stop_all() {
+    let launched = std::mem::take(&mut *ENGINES.lock().await);
+    let servers: Vec<Server> = launched.into_iter().flat_map(|l| l.servers).collect();
+    if servers.is_empty() {
+        return;
+    }
+    let _ = tokio::task::spawn_blocking(move || {
+        for s in servers {
+            s.stop(Duration::from_secs(15));
+        }
+    })
+    .await;
+}
+
+/// Starts the servers side by side and waits until each answers.
+fn start(launch: &EngineLaunch, model: &Path, served: &str, lora_rank: Option<usize>) -> anyhow::Result<Vec<(String, Server)>> {
+    let python =
+        launch.python.clone().or_else(|| std::env::var_os("RAO_VLLM_PYTHON").map(PathBuf::from)).unwrap_or_else(|| "python3".into());
+    let logs = std::env::temp_dir().join("rao-engines");
+    std::fs::create_dir_all(&logs)?;
+    let mut servers = Vec::new();
+    for _ in 0..launch.servers {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let log = logs.join(format!("vllm-{}-{port}.log", std::process::id()));
+        let out = std::fs::File::create(&log)?;
+        let mut cmd = Command::new(&python);
+        cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"]).arg(model).args([
+            "--served-model-name",
+            served,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ]);
+        if let Some(rank) = lora_rank {
+            let max_rank = LORA_RANKS.iter().find(|&&r| r >= rank).copied().unwrap_or(rank);
+            cmd.args(["--enable-lora", "--max-lora-rank", &max_rank.to_string(), "--max-loras", "2"]);
+            cmd.env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True");
+        }
+        cmd.args(&launch.args).envs(&launch.env).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let child = cmd.spawn().map_err(|e| anyhow::anyhow!("could not start `{}` (the Python with vLLM): {e}", python.display()))?;
+        let group = child.id();
+        // The guard: when rao's end of the pipe closes (rao ended, however), stop the group
+        // (`kill -SIG -PGID`: dash, a common /bin/sh, takes no `--` there).
+        let mut guard = Command::new("sh")
+            .args(["-c", &format!("read _; kill -TERM -{group} 2>/dev/null; sleep 10; kill -KILL -{group} 2>/dev/null")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let pipe = guard.stdin.take().expect("piped");
+        servers.push((format!("http://127.0.0.1:{port}/v1"), Server { child, _guard_pipe: pipe, guard, log }));
+    }
+    let t0 = Instant::now();
+    let limit = Duration::from_secs(launch.start_timeout_s);
+    for i in 0..servers.len() {
+        let health = servers[i].0.trim_end_matches("/v1").to_string() + "/health";
+        loop {
+            let server = &mut servers[i].1;
+            if let Some(status) = server.child.try_wait()? {
+                let tail = server.log_tail();
+                stop_these(servers);
+                anyhow::bail!("the engine exited ({status}) before answering; its log ends:\n{tail}");
+            }
+            if answers(&health) {
+                break;
+            }
+            if t0.elapsed() > limit {
+                let tail = servers[i].1.log_tail();
+                stop_these(servers);
+                anyhow::bail!(
+                    "the engine did not answer within {} s (launch.start_timeout_s); its log ends:\n{tail}",
+                    launch.start_timeout_s
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    Ok(servers)
+}
+
+fn stop_these(servers: Vec<(String, Server)>) {
+    for (_, s) in servers {
+        s.stop(Duration::from_secs(5));
+    }
+}
+
+/// Whether `GET url` answers 200 (one short HTTP/1.1 exchange).
+fn answers(url: &str) -> bool {
+    use std::io::Read;
+    let Some(rest) = url.strip_prefix("http://") else { return false };
+    let Some((host, path)) = rest.split_once('/') else { return false };
+    let Ok(mut s) = std::net::TcpStream::connect(host) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    if write!(s, "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+}
