@@ -2,7 +2,10 @@
 with a head width of 32 and 4,096 positions (the environments' instructions alone take
 over 500 of its character-level tokens).
 
-    make_tiny_qwen3_vllm.py OUT
+    make_tiny_qwen3_vllm.py OUT [--bench]
+
+--bench: a larger random Qwen3 of the same tokenizer for throughput measurements (width 512,
+8 layers, 8 heads of 64, 4 key-value heads, feed-forward 1536: 25M parameters).
 
 models/tiny-qwen3 (crates/rao-policy/tests/hf/reference.py's `tiny`) has head_dim 24: vLLM 0.32's
 CPU attention takes only 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 and 512, and a server on it
@@ -29,9 +32,15 @@ TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jin
 SEED = 7
 
 
-def main(out):
+BENCH = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+             intermediate_size=1536)
+
+
+def main(out, bench):
     os.makedirs(out, exist_ok=True)
     config = dict(MODELS["qwen3"]["config"], head_dim=32, max_position_embeddings=4096)
+    if bench:
+        config.update(BENCH)
     torch.manual_seed(SEED)
     model = Qwen3ForCausalLM(Qwen3Config(bos_token_id=0, eos_token_id=3, **config))
     randomize(model, seed=SEED)
@@ -41,6 +50,7 @@ def main(out):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    if len(args) not in (1, 2) or args[1:] not in ([], ["--bench"]):
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(args[0], args[1:] == ["--bench"])

@@ -593,7 +593,10 @@ pub async fn make_policy(ctx: &StageContext, set: &dyn TaskSet, p: &RolloutParam
             let mut endpoints = endpoints;
             if let Some(launch) = endpoints.launch.take() {
                 let rank = model.policy.lora.as_ref().map(|l| l.rank);
+                let t0 = std::time::Instant::now();
                 endpoints.urls = crate::engine_launch::urls(&launch, &ctx.base_dir, &endpoints.model, rank).await?;
+                // What this stage waited for servers to start (0 when an earlier stage started them).
+                ctx.set_metric("engine_wait_s", t0.elapsed().as_secs_f64());
             }
             let engine =
                 EnginePolicy::connect(endpoints, &model.policy, tokenizer, grammar.as_ref(), set.episode(0), p.temperature, limits.window)

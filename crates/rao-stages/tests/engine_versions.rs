@@ -87,8 +87,11 @@ impl Fixture {
     }
 }
 
+/// A node's goal and, turn by turn, its action and the ids sampled for it.
+type NodeActions = (String, Vec<(String, Vec<u32>)>);
+
 /// What a tree says, turn by turn (timings aside).
-fn actions(nodes: &[NodeRecord]) -> Vec<(String, Vec<(String, Vec<u32>)>)> {
+fn actions(nodes: &[NodeRecord]) -> Vec<NodeActions> {
     nodes.iter().map(|n| (n.goal.clone(), n.turns.iter().map(|t| (t.action.clone(), t.completion_ids.clone())).collect())).collect()
 }
 
