@@ -481,6 +481,32 @@ fn checked_in_schema_matches_the_binary() {
     );
 }
 
+/// `rao kinds` lists every kind, shows one in full (its parameters with types, defaults and
+/// descriptions, nested ones too), refuses an unknown one with a suggestion, and docs/KINDS.md is
+/// its Markdown, current.
+#[test]
+fn kinds_are_listed_and_described_and_the_reference_page_is_current() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let all = text(&rao(&["kinds"], &root));
+    for kind in ["rollout", "update", "warmstart", "hf_model", "shell", "dataset"] {
+        assert!(all.lines().any(|l| l.starts_with(kind)), "{kind} missing:\n{all}");
+    }
+    let o = rao(&["kinds", "rollout"], &root);
+    let rollout = text(&o);
+    assert!(o.status.success(), "{rollout}");
+    assert!(rollout.contains("inputs:  tasks, checkpoint (optional), base (optional)"), "{rollout}");
+    assert!(rollout.contains("  group_size: integer = 4\n      Trees per task (G)."), "{rollout}");
+    assert!(rollout.contains("  engine.launch: EngineLaunch"), "{rollout}");
+    let o = rao(&["kinds", "rolout"], &root);
+    assert!(!o.status.success() && text(&o).contains("no stage kind `rolout`: did you mean `rollout`?"), "{}", text(&o));
+    let o = rao(&["kinds", "--markdown"], &root);
+    let have = std::fs::read_to_string(root.join("docs/KINDS.md")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout) == have,
+        "docs/KINDS.md is out of date: regenerate it with `cargo run -- kinds --markdown > docs/KINDS.md`"
+    );
+}
+
 /// Every pipeline, variant and example the repository ships.
 fn shipped_pipeline_files(root: &Path) -> Vec<std::path::PathBuf> {
     let mut files = vec![root.join("examples/shell/pipeline.yaml")];

@@ -307,6 +307,15 @@ enum Command {
     },
     /// Print the JSON Schema of pipeline files.
     Schema,
+    /// List the stage kinds; with KIND, its inputs, outputs and parameters (types, defaults,
+    /// descriptions).
+    Kinds {
+        /// A kind (`rollout`, `update`, …). Without it: every kind, one line each.
+        kind: Option<String>,
+        /// Every kind in full as Markdown (docs/KINDS.md).
+        #[arg(long, conflicts_with = "kind")]
+        markdown: bool,
+    },
 }
 
 /// One executor per instance: the stage's own `executor:`, else the command line's, else the
@@ -954,6 +963,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Schema => print!("{}", rao_pipeline::schema::pipeline_schema_text(&registry)),
+        Command::Kinds { kind, markdown: true } => {
+            debug_assert!(kind.is_none());
+            print!("{}", rao_pipeline::kinds_doc::render_markdown(&registry))
+        }
+        Command::Kinds { kind, markdown: false } => {
+            print!("{}", rao_pipeline::kinds_doc::render_text(&registry, kind.as_deref()).map_err(anyhow::Error::msg)?)
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

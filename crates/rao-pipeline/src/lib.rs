@@ -16,6 +16,7 @@ pub mod fingerprint;
 pub mod integrity;
 pub mod interrupt;
 pub mod kind;
+pub mod kinds_doc;
 pub mod layout;
 pub mod lease;
 pub mod local_file;
