@@ -28,7 +28,7 @@ fn collect(root: &Value, schema: &Value, prefix: &str, depth: usize, out: &mut V
     for (name, p) in props {
         let full = format!("{prefix}{name}");
         let target = resolve(root, p);
-        let default = p.get("default").or_else(|| target.get("default")).map(|d| compact(d));
+        let default = p.get("default").or_else(|| target.get("default")).map(compact);
         let default = match (default, required.contains(&name.as_str())) {
             (None, true) => Some("(required)".to_string()),
             (d, _) => d,
