@@ -159,10 +159,11 @@ pub fn parse_typed<P: DeserializeOwned + schemars::JsonSchema + 'static>(params:
             }),
             None => None,
         });
+        let words = crate::serde_words::in_users_words(&inner);
         let message = if path.is_empty() || path == "." || unknown.is_some() {
-            format!("params: {inner}")
+            format!("params: {words}")
         } else {
-            format!("params.{path}: {inner}")
+            format!("params.{path}: {words}")
         };
         ParamError { key, message, help }
     })

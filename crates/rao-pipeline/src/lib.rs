@@ -37,6 +37,7 @@ pub mod run_record;
 pub mod scheduler;
 pub mod schema;
 pub mod secrets;
+pub mod serde_words;
 mod shell_words;
 pub mod snapshot;
 pub mod spec;
