@@ -71,12 +71,33 @@ impl Source {
     async fn list(&self, url: &str) -> anyhow::Result<Vec<Entry>> {
         let mut entries = match self {
             Source::Cloud { store, root } => list_cloud(store.as_ref(), root).await?,
-            Source::Local(path) => list_local(path)?,
+            Source::Local(path) => match list_local(path) {
+                Err(e) if !path.exists() && hub_id_hint(url).is_some() => {
+                    anyhow::bail!("dataset `{url}`: {e}. {}", hub_id_hint(url).unwrap_or_default())
+                }
+                r => r?,
+            },
         };
-        anyhow::ensure!(!entries.is_empty(), "dataset `{url}`: no object there and none under it");
+        if entries.is_empty() {
+            let hint = hub_id_hint(url).map(|h| format!(". {h}")).unwrap_or_default();
+            anyhow::bail!("dataset `{url}`: no object there and none under it{hint}");
+        }
         entries.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(entries)
     }
+}
+
+/// For a missing local path shaped like a Hugging Face Hub id (`Qwen/Qwen3-0.6B`): how to get it.
+fn hub_id_hint(url: &str) -> Option<String> {
+    let (owner, name) = url.split_once('/')?;
+    let word = |w: &str| !w.is_empty() && !w.starts_with('.') && w.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    (word(owner) && word(name)).then(|| {
+        format!(
+            "`{url}` looks like a Hugging Face Hub id; rao reads models from folders and buckets, not the Hub: download it with \
+             `hf download {url} --local-dir $PWD/models/{name}` (pip install huggingface_hub) and give that folder, e.g. \
+             `--set params.model=$PWD/models/{name}`"
+        )
+    })
 }
 
 fn identity_of(meta: &ObjectMeta) -> String {
