@@ -158,3 +158,43 @@ stages:
     }
     assert!(err.contains("3 problems in p.yaml"), "{err}");
 }
+
+/// A model folder that is not one rao loads is refused by `validate`, before anything runs, at
+/// the `hf_model` stage, saying what is wrong with the folder: another family, no tokenizer, no
+/// weights.
+#[test]
+fn validate_checks_a_local_model_folder_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen3");
+    let folder = |name: &str, keep: &[&str], config: Option<&str>| {
+        let d = dir.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        for f in keep {
+            std::fs::copy(models.join(f), d.join(f)).unwrap();
+        }
+        if let Some(c) = config {
+            std::fs::write(d.join("config.json"), c).unwrap();
+        }
+    };
+    let gpt2 = r#"{"model_type": "gpt2", "vocab_size": 50257, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}"#;
+    folder("gpt2", &["tokenizer.json", "tokenizer_config.json"], Some(gpt2));
+    folder("no-tokenizer", &["config.json", "model.safetensors"], None);
+    folder("no-weights", &["config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"], None);
+    for (name, says) in [
+        ("gpt2", "model_type `gpt2` is not supported; rao loads `llama`, `qwen2` and `qwen3` models"),
+        ("no-tokenizer", "no tokenizer.json"),
+        ("no-weights", "no weights: neither model.safetensors nor model.safetensors.index.json"),
+    ] {
+        let p = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &p,
+            format!("name: m\nstages:\n  files: {{kind: dataset, params: {{url: {name}}}}}\n  base: {{kind: hf_model, inputs: {{files: files.data}}}}\n"),
+        )
+        .unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_rao")).args(["validate", p.to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{name}: validated");
+        assert!(err.contains(&format!("stage `base`: the model folder `{name}` (dataset `files`)")) && err.contains(says), "{name}: {err}");
+        assert!(err.contains(&format!("{name}.yaml:4:3")), "{name}: located at the stage: {err}");
+    }
+}

@@ -276,7 +276,12 @@ impl Checker<'_, '_> {
                 if let Ok(params) = scope.params(&up.spec.params)
                     && let Ok(params) = up.kind.resolve_params(&params)
                 {
-                    out.push(crate::kind::Upstream { stage: up.name.value.clone(), kind: up.kind.name(), params });
+                    out.push(crate::kind::Upstream {
+                        stage: up.name.value.clone(),
+                        kind: up.kind.name(),
+                        params,
+                        base_dir: self.base_dir.to_path_buf(),
+                    });
                 }
             }
         }

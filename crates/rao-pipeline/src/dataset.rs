@@ -193,9 +193,14 @@ where
 
 pub struct Dataset;
 
+impl Dataset {
+    /// The kind's name in pipeline files.
+    pub const NAME: &'static str = "dataset";
+}
+
 impl StageKind for Dataset {
     fn name(&self) -> &'static str {
-        "dataset"
+        Self::NAME
     }
     fn version(&self) -> u32 {
         1

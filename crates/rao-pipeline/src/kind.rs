@@ -29,6 +29,8 @@ pub struct Upstream {
     pub stage: String,
     pub kind: &'static str,
     pub params: Value,
+    /// The pipeline file's folder (relative paths in `params` are relative to it).
+    pub base_dir: std::path::PathBuf,
 }
 
 /// A declared input of a kind.

@@ -6,7 +6,7 @@
 //! own trees (every weight, in f32: for models that fit a CPU's memory several times over).
 
 use futures::future::BoxFuture;
-use rao_pipeline::{InputDecl, StageContext, TypedStage};
+use rao_pipeline::{InputDecl, ParamError, StageContext, TypedStage, Upstream};
 use rao_policy::Backend;
 use rao_policy::hf;
 use rao_policy::lora::LoraConfig;
@@ -41,6 +41,30 @@ impl TypedStage for HfModel {
     const INPUTS: &'static [InputDecl] = &[InputDecl { name: "files", required: true }];
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
 
+    /// A model folder read from a local path is checked before anything runs: a family rao
+    /// loads, a tokenizer with a chat template, and weights.
+    fn check_upstream(_p: &HfModelParams, upstream: &dyn Fn() -> Vec<Upstream>) -> Vec<ParamError> {
+        let ups = upstream();
+        let Some(files) = ups.iter().find(|u| u.kind == rao_pipeline::dataset::Dataset::NAME) else { return Vec::new() };
+        let Some(url) = files.params.get("url").and_then(serde_json::Value::as_str).filter(|u| !u.contains("://")) else {
+            return Vec::new();
+        };
+        let dir = files.base_dir.join(url);
+        if !dir.is_dir() {
+            return Vec::new(); // the dataset stage says what is wrong with its path
+        }
+        match model_folder_problem(&dir) {
+            None => Vec::new(),
+            Some(problem) => vec![ParamError {
+                key: None,
+                message: format!("the model folder `{url}` (dataset `{}`): {problem}", files.stage),
+                help: Some(
+                    "give a Hugging Face causal LM folder as published: config.json (llama, qwen2 or qwen3), tokenizer.json with a chat template, model.safetensors or its shards and index".into(),
+                ),
+            }],
+        }
+    }
+
     fn run(ctx: StageContext, p: HfModelParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
             let files = ctx.input("files")?.first().ok_or_else(|| anyhow::anyhow!("input `files` is empty"))?.clone();
@@ -64,4 +88,23 @@ impl TypedStage for HfModel {
             write_checkpoint(&ctx, "checkpoint", &model.policy.checkpoint(), Some(&tokenizer))
         })
     }
+}
+
+/// What makes `dir` not a model rao loads, read from its small files only.
+fn model_folder_problem(dir: &std::path::Path) -> Option<String> {
+    if let Err(e) = hf::read_config(dir) {
+        return Some(format!("{e:#}"));
+    }
+    if !dir.join("tokenizer.json").is_file() {
+        return Some("no tokenizer.json: a model that acts in text needs its tokenizer".into());
+    }
+    let chat = dir.join("chat_template.jinja").is_file()
+        || std::fs::read_to_string(dir.join("tokenizer_config.json")).is_ok_and(|t| t.contains("\"chat_template\""));
+    if !chat {
+        return Some("no chat template (tokenizer_config.json's `chat_template` or chat_template.jinja)".into());
+    }
+    if !(dir.join("model.safetensors").is_file() || dir.join("model.safetensors.index.json").is_file()) {
+        return Some("no weights: neither model.safetensors nor model.safetensors.index.json".into());
+    }
+    None
 }
