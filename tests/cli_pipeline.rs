@@ -59,6 +59,43 @@ fn kill_9_mid_run_leaves_finished_work_and_the_next_run_resumes() {
     assert!(status.contains("3/3 done"), "{status}");
 }
 
+/// After a run in which a stage failed, `status` and `plan` say it failed (which run, which
+/// error) and why its dependents did not run, folded or not; once it is fixed, it is missing no
+/// more.
+#[test]
+fn status_and_plan_report_failures_as_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("f.yaml");
+    let write = |command: &str| {
+        std::fs::write(
+            &p,
+            format!(
+                "name: f\nstages:\n  ok: {{kind: shell, params: {{command: 'true'}}, outputs: [o]}}\n  boom: {{kind: shell, params: {{command: '{command}'}}, inputs: {{i: ok.o}}, outputs: [o]}}\n  after: {{kind: shell, params: {{command: 'true'}}, inputs: {{i: boom.o}}}}\n"
+            ),
+        )
+        .unwrap()
+    };
+    write("exit 3");
+    let p = p.to_str().unwrap();
+    assert!(!rao(&["run", p], dir.path()).status.success());
+    let status = text(&rao(&["status", p], dir.path()));
+    let failed = status.lines().find(|l| l.starts_with("failed   boom")).unwrap_or_else(|| panic!("{status}"));
+    assert!(failed.contains("failed in run ") && failed.contains("exit status: 3"), "{status}");
+    assert!(status.contains("skipped in run ") && status.contains("upstream `boom` failed"), "{status}");
+    assert!(status.contains("2 to run (1 failed last time, 1 missing)"), "{status}");
+    let folded = text(&rao(&["status", p, "--folded"], dir.path()));
+    assert!(folded.contains("failed   boom") && folded.contains("missing  after"), "{folded}");
+    let plan = text(&rao(&["plan", p], dir.path()));
+    assert!(plan.lines().any(|l| l.contains("boom") && l.contains("failed in run")), "{plan}");
+    let json: serde_json::Value = serde_json::from_slice(&rao(&["status", p, "--json"], dir.path()).stdout).unwrap();
+    assert_eq!(json[1]["state"], "failed", "{json}");
+    // Fixed: it is a change, not a failure any more.
+    write("true");
+    let status = text(&rao(&["status", p], dir.path()));
+    assert!(status.contains("missing  boom") && status.contains("changed since it failed in run "), "{status}");
+    assert!(status.contains("2 to run (2 missing)"), "{status}");
+}
+
 #[test]
 fn only_runs_its_stage_skips_the_rest_and_fails_when_an_input_is_missing() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use crate::compile::Compiled;
+use crate::run_record::InstanceStatus;
 use crate::snapshot::{Snapshot, last_index, snapshot};
 use crate::store::{Store, StoreResult};
 
@@ -15,6 +16,8 @@ pub enum State {
     Stale,
     /// Never ran.
     Missing,
+    /// Failed in the pipeline's last run, with the fingerprint it has now; `reasons` says how.
+    Failed,
     /// Depends on a loop that has not decided its last iteration yet.
     Waiting,
     /// A loop stopped early before this iteration.
@@ -34,6 +37,21 @@ pub struct Row {
 /// The state of every instance, in dependency order.
 pub async fn rows(c: &Compiled, store: &Store) -> StoreResult<Vec<Row>> {
     let snap: Snapshot = snapshot(c, store).await?;
+    // Instances that failed or were skipped in the last run: said as such, not as absences.
+    let last_run: std::collections::HashMap<String, (InstanceStatus, Option<String>, String)> =
+        match crate::run_record::read(store, &c.name, "latest").await.ok().flatten() {
+            Some(r) => r
+                .instances
+                .iter()
+                .filter(|i| matches!(i.status, InstanceStatus::Failed | InstanceStatus::Skipped))
+                .map(|i| {
+                    let why = i.reason.as_deref().unwrap_or("no reason recorded").trim();
+                    let what = if i.status == InstanceStatus::Failed { "failed" } else { "skipped" };
+                    (i.name.clone(), (i.status.clone(), i.fingerprint.clone(), format!("{what} in run {}: {why}", r.run_id)))
+                })
+                .collect(),
+            None => Default::default(),
+        };
     let mut out = Vec::new();
     for &i in &c.order {
         let inst = &c.instances[i];
@@ -43,6 +61,10 @@ pub async fn rows(c: &Compiled, store: &Store) -> StoreResult<Vec<Row>> {
             (State::Done, vec![])
         } else if let Some(why) = &snap.damaged[i] {
             (State::Stale, vec![format!("damaged: {why}")])
+        } else if let Some((_, _, why)) =
+            last_run.get(&inst.name).filter(|(st, fp, _)| *st == InstanceStatus::Failed && fp.is_some() && *fp == snap.fps[i])
+        {
+            (State::Failed, vec![why.clone()])
         } else if let Some(parts) = &snap.parts[i] {
             match last_index(c, store, &inst.name).await? {
                 Some(old) if old.fingerprint == snap.fps[i].clone().unwrap() => {
@@ -56,7 +78,11 @@ pub async fn rows(c: &Compiled, store: &Store) -> StoreResult<Vec<Row>> {
                     (State::Stale, why)
                 }
                 Some(old) => (State::Stale, parts.explain_change(&old.parts)),
-                None => (State::Missing, vec!["never ran".into()]),
+                None => match last_run.get(&inst.name) {
+                    Some((InstanceStatus::Skipped, _, why)) => (State::Missing, vec![why.clone()]),
+                    Some((_, _, why)) => (State::Missing, vec![format!("changed since it {why}")]),
+                    None => (State::Missing, vec!["never ran".into()]),
+                },
             }
         } else {
             (State::Waiting, vec!["waits for a loop to decide its last iteration".into()])
@@ -78,6 +104,7 @@ fn label(s: &State) -> &'static str {
         State::Done => "cached",
         State::Stale => "will run",
         State::Missing => "will run",
+        State::Failed => "will run",
         State::Waiting => "will run",
         State::Skipped => "skipped",
     }
@@ -90,6 +117,7 @@ pub struct Counts {
     pub cached: usize,
     pub stale: usize,
     pub missing: usize,
+    pub failed: usize,
     pub waiting: usize,
     pub skipped: usize,
 }
@@ -101,12 +129,13 @@ impl Counts {
             State::Done => self.cached += 1,
             State::Stale => self.stale += 1,
             State::Missing => self.missing += 1,
+            State::Failed => self.failed += 1,
             State::Waiting => self.waiting += 1,
             State::Skipped => self.skipped += 1,
         }
     }
     pub fn to_run(&self) -> usize {
-        self.stale + self.missing + self.waiting
+        self.stale + self.missing + self.failed + self.waiting
     }
     pub fn of<'a>(rows: impl IntoIterator<Item = &'a Row>) -> Counts {
         let mut c = Counts::default();
@@ -116,11 +145,12 @@ impl Counts {
     /// `308 instances: 300 cached, 8 to run (5 stale, 3 missing)`.
     pub fn summary(&self, done_word: &str) -> String {
         let mut parts = vec![format!("{} {done_word}", self.cached)];
-        let why: Vec<String> = [(self.stale, "stale"), (self.missing, "missing"), (self.waiting, "waiting for a loop")]
-            .iter()
-            .filter(|(n, _)| *n > 0)
-            .map(|(n, w)| format!("{n} {w}"))
-            .collect();
+        let why: Vec<String> =
+            [(self.failed, "failed last time"), (self.stale, "stale"), (self.missing, "missing"), (self.waiting, "waiting for a loop")]
+                .iter()
+                .filter(|(n, _)| *n > 0)
+                .map(|(n, w)| format!("{n} {w}"))
+                .collect();
         if self.to_run() > 0 {
             parts.push(format!("{} to run ({})", self.to_run(), why.join(", ")));
         }
@@ -318,10 +348,15 @@ pub fn render_status(c: &Compiled, rows: &[Row], folded: bool) -> String {
     if folded {
         for g in groups(c, rows, true).0 {
             let n = &g.counts;
-            let word = if n.to_run() == 0 && n.cached > 0 {
+            // One word for the group, agreeing with the counts after it.
+            let word = if n.failed > 0 {
+                "failed"
+            } else if n.to_run() == 0 && n.cached > 0 {
                 "done"
-            } else if n.cached == 0 && n.to_run() > 0 {
+            } else if n.cached == 0 && n.to_run() == n.missing {
                 "missing"
+            } else if n.cached == 0 && n.to_run() == n.stale {
+                "stale"
             } else {
                 "partial"
             };
@@ -338,6 +373,7 @@ pub fn render_status(c: &Compiled, rows: &[Row], folded: bool) -> String {
                 State::Done => "done",
                 State::Stale => "stale",
                 State::Missing => "missing",
+                State::Failed => "failed",
                 State::Waiting => "waiting",
                 State::Skipped => "skipped",
             };

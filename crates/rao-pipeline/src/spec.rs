@@ -220,8 +220,7 @@ pub struct VariantFile {
 }
 
 /// The paths `--set` and a variant's `set` accept (see `overrides.rs`).
-pub const SET_PATH_PATTERN: &str =
-    r"^(name|seed|store|params\.[^.]+(\.[^.]+)*|stages\.[^.]+\.(params\.[^.]+(\.[^.]+)*|retries|timeout|loop\.max_iterations))$";
+pub const SET_PATH_PATTERN: &str = r"^(name|seed|store|params\.[^.]+(\.[^.]+)*|stages\.[^.]+\.(params\.[^.]+(\.[^.]+)*|retries|timeout|loop\.max_iterations|loop\.lag\.[^.]+\.by))$";
 
 /// One stage (or one loop of stages).
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
