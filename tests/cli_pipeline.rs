@@ -59,6 +59,31 @@ fn kill_9_mid_run_leaves_finished_work_and_the_next_run_resumes() {
     assert!(status.contains("3/3 done"), "{status}");
 }
 
+/// `rao path` refuses a matrix stage's bare name with its instances' names, says what to name
+/// for a loop, and takes a loop body stage for its last finished iteration.
+#[test]
+fn path_refuses_ambiguous_names_with_the_names_to_use() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("m.yaml"),
+        "name: m\nstages:\n  count: {kind: shell, matrix: {n: [1, 2]}, params: {command: 'echo ${matrix.n} > ${outputs.o}/v'}, outputs: [o]}\n  refine:\n    loop:\n      max_iterations: 2\n      init: {s: count.o}\n      carry: {s: step.o}\n    stages:\n      step: {kind: shell, inputs: {i: loop.s}, params: {command: 'echo x > ${outputs.o}/v'}, outputs: [o]}\n",
+    )
+    .unwrap();
+    assert!(rao(&["run", "m.yaml"], dir.path()).status.success());
+    let o = rao(&["path", "m.yaml", "count"], dir.path());
+    assert!(
+        !o.status.success() && text(&o).contains("stage `count` has 2 instances (a matrix); name one: count[n=1], count[n=2]"),
+        "{}",
+        text(&o)
+    );
+    let o = rao(&["path", "m.yaml", "refine"], dir.path());
+    assert!(!o.status.success() && text(&o).contains("`refine` is a loop, not a stage: name one of its stages (step)"), "{}", text(&o));
+    let last = rao(&["path", "m.yaml", "step"], dir.path());
+    assert!(last.status.success(), "{}", text(&last));
+    assert_eq!(last.stdout, rao(&["path", "m.yaml", "step@2"], dir.path()).stdout);
+    assert!(rao(&["path", "m.yaml", "count[n=2]"], dir.path()).status.success());
+}
+
 /// After a run in which a stage failed, `status` and `plan` say it failed (which run, which
 /// error) and why its dependents did not run, folded or not; once it is fixed, it is missing no
 /// more.

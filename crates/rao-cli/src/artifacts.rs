@@ -2,20 +2,45 @@
 //! pyarrow, a browser) — without copying hashed store paths by hand.
 
 use anyhow::{Context, bail};
-use rao_pipeline::Store;
 use rao_pipeline::manifest::{self, Manifest};
 use rao_pipeline::plan::{Row, State};
 use rao_pipeline::store::object_dir;
+use rao_pipeline::{Compiled, Store};
 
 /// The row of an instance by name (`evaluate`, `rollout@60`, `evaluate[window=64]`); a stage
-/// name that expanded into one instance (a loop body stage: its last iteration) is accepted too.
-pub fn find_instance<'a>(rows: &'a [Row], name: &str) -> anyhow::Result<&'a Row> {
+/// name that expanded into one instance, or a loop body stage (its last finished iteration), is
+/// accepted too; a matrix stage or a loop's name is refused with the names to use.
+pub fn find_instance<'a>(c: &Compiled, rows: &'a [Row], name: &str) -> anyhow::Result<&'a Row> {
     if let Some(r) = rows.iter().find(|r| r.instance == name) {
         return Ok(r);
     }
-    let of_stage: Vec<&Row> = rows.iter().filter(|r| r.stage == name && r.state == State::Done).collect();
-    if let Some(last) = of_stage.last() {
+    let list = |names: Vec<&str>| {
+        let shown: Vec<&str> = names.iter().copied().take(12).collect();
+        format!("{}{}", shown.join(", "), if names.len() > 12 { ", …" } else { "" })
+    };
+    let of_stage: Vec<&Row> = rows.iter().filter(|r| r.stage == name).collect();
+    // A matrix fans a stage out into instances of equal standing: which one is for the user to say.
+    if of_stage.iter().any(|r| r.instance.contains('[')) {
+        bail!(
+            "stage `{name}` has {} instances (a matrix); name one: {}",
+            of_stage.len(),
+            list(of_stage.iter().map(|r| r.instance.as_str()).collect())
+        );
+    }
+    // A stage of a loop body: its last finished iteration (none finished: the last, whose
+    // state then says what to run).
+    if let Some(last) = of_stage.iter().rev().find(|r| r.state == State::Done).or(of_stage.last()) {
         return Ok(last);
+    }
+    if let Some(l) = c.loops.iter().find(|l| l.name == name) {
+        let stages: Vec<&str> = l.iterations.first().map(|it| it.keys().map(String::as_str).collect()).unwrap_or_default();
+        bail!(
+            "`{name}` is a loop, not a stage: name one of its stages ({}), e.g. `{}@{}` for an iteration or `{}` for its last finished one",
+            stages.join(", "),
+            stages.first().unwrap_or(&"STAGE"),
+            l.max_iterations,
+            stages.first().unwrap_or(&"STAGE")
+        );
     }
     let names: Vec<&str> = rows.iter().map(|r| r.instance.as_str()).collect();
     let hint = rao_pipeline::diag::did_you_mean(name, names.iter().copied()).unwrap_or_else(|| {

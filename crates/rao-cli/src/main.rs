@@ -720,7 +720,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     let p = PipelineArgs { pipeline: PathBuf::from(&trees), set, store };
                     let (c, store) = load_read_only(&p, &registry)?;
                     let rows = rao_pipeline::plan::rows(&c, &store).await?;
-                    let row = artifacts::find_instance(&rows, &instance)?;
+                    let row = artifacts::find_instance(&c, &rows, &instance)?;
                     let manifest = artifacts::finished(&store, row, &run_command(&p)).await?;
                     store.get(&artifacts::key(&manifest, Some("trees.parquet"))?).await?
                 }
@@ -861,7 +861,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Path { p, instance, file } => {
             let (c, store) = load_read_only(&p, &registry)?;
             let rows = rao_pipeline::plan::rows(&c, &store).await?;
-            let row = artifacts::find_instance(&rows, &instance)?;
+            let row = artifacts::find_instance(&c, &rows, &instance)?;
             let manifest = artifacts::finished(&store, row, &run_command(&p)).await?;
             println!("{}", artifacts::locate(&store, &manifest, file.as_deref())?);
         }
