@@ -5,7 +5,9 @@
 //! nodes then apply their actions to the shared world one at a time, in the fixed order of
 //! (tree, node path): concurrency without races, and the same seed gives the same trees.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use tokio::sync::{Notify, oneshot};
 
@@ -72,13 +74,13 @@ impl Batcher {
 
     /// Nodes that will ask for actions (call before their tasks start, or inside a turn).
     pub fn activate(&self, n: usize) {
-        self.inner.state.lock().unwrap().active += n;
+        self.inner.state.lock().active += n;
         self.inner.changed.notify_one();
     }
 
     /// Nodes that stopped asking (finished, or waiting for children).
     pub fn deactivate(&self, n: usize) {
-        let mut s = self.inner.state.lock().unwrap();
+        let mut s = self.inner.state.lock();
         s.active -= n;
         drop(s);
         self.inner.changed.notify_one();
@@ -87,7 +89,7 @@ impl Batcher {
     /// Ask for the next action; returns it with this node's turn ticket.
     pub async fn request(&self, key: NodeKey, request: Request) -> (Response, u64) {
         let (tx, rx) = oneshot::channel();
-        self.inner.state.lock().unwrap().pending.push(Pending { key, request, reply: tx });
+        self.inner.state.lock().pending.push(Pending { key, request, reply: tx });
         self.inner.changed.notify_one();
         rx.await.expect("the batcher stopped while a node was waiting")
     }
@@ -95,7 +97,7 @@ impl Batcher {
     /// Wait until it is this ticket's turn to touch the world.
     pub async fn wait_turn(&self, ticket: u64) {
         let rx = {
-            let mut t = self.inner.turns.lock().unwrap();
+            let mut t = self.inner.turns.lock();
             if t.current == ticket {
                 return;
             }
@@ -107,7 +109,7 @@ impl Batcher {
     }
 
     pub fn end_turn(&self, ticket: u64) {
-        let mut t = self.inner.turns.lock().unwrap();
+        let mut t = self.inner.turns.lock();
         t.current = ticket + 1;
         if let Some(next) = t.waiters.remove(&(ticket + 1)) {
             let _ = next.send(());
@@ -118,13 +120,13 @@ impl Batcher {
 
     /// Stop the driver once no node is active.
     pub fn close(&self) {
-        self.inner.state.lock().unwrap().closed = true;
+        self.inner.state.lock().closed = true;
         self.inner.changed.notify_one();
     }
 
     /// Sizes of every round so far.
     pub fn round_sizes(&self) -> Vec<usize> {
-        self.inner.state.lock().unwrap().rounds.clone()
+        self.inner.state.lock().rounds.clone()
     }
 }
 
@@ -135,7 +137,7 @@ async fn drive(inner: Arc<Inner>) {
         let batch = loop {
             let notified = inner.changed.notified();
             {
-                let mut s = inner.state.lock().unwrap();
+                let mut s = inner.state.lock();
                 if s.active > 0 && s.pending.len() == s.active {
                     let mut b = std::mem::take(&mut s.pending);
                     s.rounds.push(b.len());
@@ -160,7 +162,7 @@ async fn drive(inner: Arc<Inner>) {
         // The round ends when every node of it has taken its turn.
         loop {
             let ended = inner.turn_ended.notified();
-            if inner.turns.lock().unwrap().current >= next_ticket {
+            if inner.turns.lock().current >= next_ticket {
                 break;
             }
             ended.await;

@@ -5,8 +5,10 @@
 //! variable and sees only a short receipt. Launches past the caps are refused as observations.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 
 use futures::future::BoxFuture;
 use rao_core::tree::{Mode, NodeRecord, NodeStatus, Turn};
@@ -169,7 +171,7 @@ pub async fn run_trees_observed(
 
 /// Assign ids (breadth first by path) and parent ids.
 fn finish_tree(t: &TreeCtx) -> Vec<NodeRecord> {
-    let mut nodes = std::mem::take(&mut *t.nodes.lock().unwrap());
+    let mut nodes = std::mem::take(&mut *t.nodes.lock());
     nodes.sort_by(|a, b| (a.0.len(), &a.0).cmp(&(b.0.len(), &b.0)));
     let ids: BTreeMap<Vec<u32>, i32> = nodes.iter().enumerate().map(|(i, (p, _))| (p.clone(), i as i32)).collect();
     nodes
@@ -397,7 +399,7 @@ fn run_node(
             finished_ms: now_ms(),
             ..Default::default()
         };
-        tree.nodes.lock().unwrap().push((path, rec));
+        tree.nodes.lock().push((path, rec));
         // Leave the rounds: the last of a family hands its slot to the waiting parent.
         match siblings_left {
             Some(left) if left.fetch_sub(1, Ordering::SeqCst) == 1 => {}

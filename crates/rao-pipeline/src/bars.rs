@@ -3,7 +3,9 @@
 //! notes printed above them.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressState, ProgressStyle};
@@ -21,7 +23,7 @@ fn run_style(eta: Arc<Mutex<Eta>>) -> ProgressStyle {
         .expect("a valid template")
         .progress_chars("=> ")
         .with_key("eta_left", move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
-            let left = eta.lock().unwrap_or_else(|p| p.into_inner()).remaining(Instant::now());
+            let left = eta.lock().remaining(Instant::now());
             let _ = match left {
                 Some(e) => write!(w, "{e}"),
                 None => write!(w, "?"),
@@ -68,13 +70,13 @@ impl Bars {
 
     fn refresh_run_line(&self) {
         let (to_run, ran) = {
-            let eta = self.eta.lock().unwrap_or_else(|p| p.into_inner());
+            let eta = self.eta.lock();
             (eta.to_run(), eta.ran)
         };
         self.run.set_length(to_run as u64);
         self.run.set_position(ran as u64);
-        let cached = *self.cached.lock().unwrap_or_else(|p| p.into_inner());
-        let note = self.last_note.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let cached = *self.cached.lock();
+        let note = self.last_note.lock().clone();
         let mut msg = String::new();
         if cached > 0 {
             msg.push_str(&format!(" · {cached} cached"));
@@ -87,14 +89,14 @@ impl Bars {
     }
 
     fn drop_bar(&self, instance: &str) {
-        if let Some(pb) = self.running.lock().unwrap_or_else(|p| p.into_inner()).remove(instance) {
+        if let Some(pb) = self.running.lock().remove(instance) {
             pb.finish_and_clear();
         }
     }
 
     fn on(&self, e: &Event) {
         // The model first, the bars after: a bar drawing reads the model (never both locks).
-        self.eta.lock().unwrap_or_else(|p| p.into_inner()).observe(e, Instant::now());
+        self.eta.lock().observe(e, Instant::now());
         match e {
             Event::RunStarted { .. } => {}
             Event::Started { instance, attempt, .. } => {
@@ -105,12 +107,12 @@ impl Bars {
                 if *attempt > 1 {
                     pb.set_message(format!("(attempt {attempt})"));
                 }
-                if let Some(old) = self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(instance.clone(), pb) {
+                if let Some(old) = self.running.lock().insert(instance.clone(), pb) {
                     old.finish_and_clear();
                 }
             }
             Event::Progress { instance, done, total, unit, message } => {
-                if let Some(pb) = self.running.lock().unwrap_or_else(|p| p.into_inner()).get(instance) {
+                if let Some(pb) = self.running.lock().get(instance) {
                     if pb.length().is_none() {
                         pb.set_style(inner_style());
                     }
@@ -124,7 +126,7 @@ impl Bars {
                 if short.len() < message.len() {
                     short.push('…');
                 }
-                *self.last_note.lock().unwrap_or_else(|p| p.into_inner()) = format!("{instance}: {short}");
+                *self.last_note.lock() = format!("{instance}: {short}");
                 self.print(e);
             }
             Event::Finished { instance, .. } | Event::Failed { instance, .. } | Event::Cancelled { instance } => {
@@ -134,7 +136,7 @@ impl Bars {
             Event::Cached { instance, .. } => {
                 // Reused after waiting for another run's lease: its spinner goes.
                 self.drop_bar(instance);
-                *self.cached.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+                *self.cached.lock() += 1;
             }
             Event::Skipped { .. } => {}
             Event::Retrying { .. }
@@ -146,7 +148,7 @@ impl Bars {
             Event::RunFinished { .. } => {
                 // Nothing keeps drawing once the run is over (a spinner left ticking would be
                 // drawn again under the lines printed after the run).
-                for (_, pb) in self.running.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+                for (_, pb) in self.running.lock().drain() {
                     pb.finish_and_clear();
                 }
                 self.run.finish_and_clear();

@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -126,7 +128,7 @@ impl HeldLines {
         Arc::new(HeldLines { held: Mutex::new(Vec::new()), write })
     }
     fn push(&self, line: &str, hold: bool) {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock();
         held.extend_from_slice(line.as_bytes());
         held.push(b'\n');
         if !hold {
@@ -135,7 +137,7 @@ impl HeldLines {
         }
     }
     fn flush(&self) {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock();
         if !held.is_empty() {
             (self.write)(&held);
             held.clear();
@@ -192,7 +194,7 @@ impl Reporter {
         let held = lines.clone();
         let emit = move |e: &Event| {
             if let Event::Progress { instance, .. } = e {
-                let mut last = last_progress.lock().unwrap_or_else(|p| p.into_inner());
+                let mut last = last_progress.lock();
                 let now = Instant::now();
                 if last.get(instance).is_some_and(|t| now.duration_since(*t) < PLAIN_PROGRESS_EVERY) {
                     return;

@@ -4,7 +4,9 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 
 use crate::kind::InputArtifact;
 use crate::manifest::FileEntry;
@@ -78,13 +80,13 @@ fn verified() -> &'static Mutex<HashSet<String>> {
 /// Check every file of an artifact held in the local directory `dir` (once per process).
 pub fn check_dir(a: &InputArtifact, dir: &Path) -> Result<(), InputDamaged> {
     let key = format!("{}/{}/{}", a.fingerprint, a.attempt.as_deref().unwrap_or("out"), a.output);
-    if verified().lock().unwrap_or_else(|p| p.into_inner()).contains(&key) {
+    if verified().lock().contains(&key) {
         return Ok(());
     }
     for entry in &a.files {
         let (size, hash) = hash_local(a, entry, &dir.join(&entry.path))?;
         check_hash(a, entry, size, hash)?;
     }
-    verified().lock().unwrap_or_else(|p| p.into_inner()).insert(key);
+    verified().lock().insert(key);
     Ok(())
 }

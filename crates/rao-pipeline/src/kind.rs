@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -122,9 +124,9 @@ fn described(schema: &Value, key: &str) -> Option<String> {
 fn schema_of<P: schemars::JsonSchema + 'static>() -> std::sync::Arc<Value> {
     use std::any::TypeId;
     use std::collections::HashMap;
-    use std::sync::{Arc, Mutex, OnceLock};
+    use std::sync::{Arc, OnceLock};
     static CACHE: OnceLock<Mutex<HashMap<TypeId, Arc<Value>>>> = OnceLock::new();
-    let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = CACHE.get_or_init(Default::default).lock();
     cache.entry(TypeId::of::<P>()).or_insert_with(|| Arc::new(schemars::schema_for!(P).to_value())).clone()
 }
 
@@ -380,7 +382,7 @@ impl StageContext {
 
     /// Record a metric in the manifest (loops can stop on them; reports read them).
     pub fn set_metric(&self, name: &str, value: f64) {
-        self.metrics.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), value);
+        self.metrics.lock().insert(name.to_string(), value);
     }
 }
 
@@ -476,6 +478,6 @@ impl<T: TypedStage> StageKind for Typed<T> {
 impl StageContext {
     /// The metrics recorded so far.
     pub fn metrics_snapshot(&self) -> BTreeMap<String, f64> {
-        self.metrics.lock().unwrap().clone()
+        self.metrics.lock().clone()
     }
 }

@@ -2,7 +2,7 @@
 //! events: a training loop may call it every few milliseconds, a reader wants a few updates a
 //! second and a bounded number per stage.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::events::{Event, Reporter};
@@ -55,7 +55,7 @@ impl StageProgress {
     }
 
     pub(crate) fn progress(&self, done: u64, total: u64, unit: &str, message: String) {
-        if !self.throttle.lock().unwrap_or_else(|p| p.into_inner()).admit(done, total, Instant::now()) {
+        if !self.throttle.lock().admit(done, total, Instant::now()) {
             return;
         }
         self.reporter.emit(Event::Progress { instance: self.instance.clone(), done, total, unit: unit.to_string(), message });

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use bytes::Bytes;
 
@@ -111,7 +113,7 @@ pub async fn publish(
         attempt: Some(attempt.clone()),
         run_id: Some(job.run_id.clone()),
         outputs: files_by_output,
-        metrics: metrics.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        metrics: metrics.lock().clone(),
         started_at,
         finished_at: now_secs(),
         attempts,

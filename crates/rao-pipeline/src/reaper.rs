@@ -10,9 +10,9 @@
 //! normal end has unlisted everything already.
 
 #[cfg(unix)]
-use std::io::Write;
+use parking_lot::Mutex;
 #[cfg(unix)]
-use std::sync::Mutex;
+use std::io::Write;
 
 /// The list, kept in the shell's memory as " ID ID … " (POSIX `sh`: no arrays). Removal cuts the
 /// first " ID " out with two parameter expansions (no `sed` per line).
@@ -71,7 +71,7 @@ impl Drop for Watched {
 #[cfg(unix)]
 fn send(line: &str) {
     use std::os::unix::process::CommandExt;
-    let mut pipe = WATCHER_PIPE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut pipe = WATCHER_PIPE.lock();
     // A watcher that has gone (the write fails: rao ignores SIGPIPE while it runs stages) is
     // replaced once; the new one knows only what is listed from then on.
     for _ in 0..2 {

@@ -4,8 +4,8 @@
 //! hash of the whole request. The API key is read from the environment variable the pipeline
 //! names and never written anywhere.
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use schemars::JsonSchema;
@@ -157,7 +157,7 @@ impl ChatApi {
     }
 
     pub fn stats(&self) -> ApiStats {
-        *self.stats.lock().unwrap()
+        *self.stats.lock()
     }
 
     /// The first choice's message content for `body` (`model` is filled in). `accept` says
@@ -176,7 +176,7 @@ impl ChatApi {
             && let Ok(answer) = serde_json::from_str::<Answer>(&text)
             && accept(&answer.text)
         {
-            self.stats.lock().unwrap().cache_hits += 1;
+            self.stats.lock().cache_hits += 1;
             return Ok(answer);
         }
         let _permit = self.permits.acquire().await.expect("the semaphore is never closed");
@@ -190,7 +190,7 @@ impl ChatApi {
             if let Some(k) = &self.key {
                 req = req.bearer_auth(k);
             }
-            self.stats.lock().unwrap().calls += 1;
+            self.stats.lock().calls += 1;
             match req.send().await {
                 Ok(resp) if resp.status().is_success() => {
                     let v: Value = match resp.json().await {

@@ -6,8 +6,10 @@
 //! earlier tokens plus what the template adds for the new observation, never a re-tokenised
 //! rendering of the whole conversation, and the tree records those ids for training.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 
 use futures::future::BoxFuture;
 use rao_agent::{ModelTokens, Request, Response};
@@ -270,7 +272,7 @@ impl rao_agent::Policy for TextPolicy {
             }
             let (policy, grammar, temperature, cache) = (self.policy.clone(), self.grammar.clone(), self.temperature, self.cache.clone());
             let sampled = tokio::task::spawn_blocking(move || {
-                let mut cache = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut cache = cache.lock();
                 policy.sample_cached(&reqs, &shared, grammar.as_ref(), temperature, &mut cache)
             })
             .await
@@ -296,7 +298,7 @@ impl rao_agent::Policy for TextPolicy {
     }
 
     fn counters(&self) -> Vec<(&'static str, f64)> {
-        let stats = self.cache.lock().map(|c| c.stats).unwrap_or_default();
+        let stats = self.cache.lock().stats;
         vec![
             ("text_unusable_replies", self.unusable.load(Ordering::Relaxed) as f64),
             ("prefix_cache_hits", stats.hits as f64),
@@ -408,7 +410,7 @@ impl rao_agent::Policy for TextPacedExpert {
             }
             let (policy, cache) = (self.policy.clone(), self.cache.clone());
             let forced = tokio::task::spawn_blocking(move || {
-                let mut cache = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut cache = cache.lock();
                 policy.force_cached(&reqs, &replies, &mut cache)
             })
             .await

@@ -6,7 +6,9 @@
 //! `craft ITEM N from ING a (, ING a)*`: N is the total to make and the ingredients are exact.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::craft::{self, CraftError};
 use super::tasks::Task;
@@ -215,7 +217,7 @@ impl TextCraftEpisode {
     }
 
     pub fn held(&self, item: ItemId) -> u64 {
-        self.inventory.lock().unwrap().get(&item).copied().unwrap_or(0)
+        self.inventory.lock().get(&item).copied().unwrap_or(0)
     }
 
     fn lang(&self) -> Lang<'_> {
@@ -226,7 +228,7 @@ impl TextCraftEpisode {
     fn craft(&self, item: ItemId, n: u64, exact: Option<&[(ItemId, u64)]>) -> StepOutput {
         let lang = self.lang();
         let made = {
-            let mut inv = self.inventory.lock().unwrap();
+            let mut inv = self.inventory.lock();
             match exact {
                 None => craft::compact(&self.world, &mut inv, item, n),
                 Some(ings) => craft::exact(&self.world, &mut inv, item, n, ings),
@@ -320,7 +322,7 @@ impl Episode for TextCraftEpisode {
             Action::Craft(i, n) => self.craft(i, n, None),
             Action::CraftFrom(i, n, ings) => self.craft(i, n, Some(&ings)),
             Action::Inv => {
-                let inv = self.inventory.lock().unwrap();
+                let inv = self.inventory.lock();
                 let mut held: Vec<(ItemId, u64)> = inv.iter().filter(|(_, n)| **n > 0).map(|(i, n)| (*i, *n)).collect();
                 held.sort();
                 if held.is_empty() {

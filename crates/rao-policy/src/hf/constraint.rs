@@ -3,8 +3,8 @@
 //! masks, behind the same `Grammar` trait that the sampler and the loss apply: sampling and
 //! training mask the same tokens, and every action sampled under it parses.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
@@ -56,7 +56,7 @@ impl TextGrammar {
     /// A matcher that has consumed `prefix`, or `None` if the prefix leaves the grammar.
     fn matcher_after(&self, recursive: bool, prefix: &[Tok]) -> Option<Matcher> {
         let from_cache = prefix.split_last().and_then(|(&last, head)| {
-            let cache = self.cache.lock().expect("grammar cache");
+            let cache = self.cache.lock();
             cache.get(&(recursive, head.to_vec())).map(|m| (m.deep_clone(), last))
         });
         let m = match from_cache {
@@ -65,13 +65,13 @@ impl TextGrammar {
                 m
             }
             None => {
-                let mut m = self.start[usize::from(recursive)].lock().expect("grammar").deep_clone();
+                let mut m = self.start[usize::from(recursive)].lock().deep_clone();
                 m.consume_tokens(prefix).ok()?;
                 m
             }
         };
         (!m.is_error()).then(|| {
-            let mut cache = self.cache.lock().expect("grammar cache");
+            let mut cache = self.cache.lock();
             if cache.len() >= CACHE_LIMIT {
                 cache.clear();
             }
