@@ -106,6 +106,20 @@ fn trees(dir: &Path, pipeline: &str, instance: &str) -> Vec<rao_core::NodeRecord
     nodes
 }
 
+/// The README's `rao serve` example with `addr` for its address: the shell lines that talk to the
+/// server (`curl …`) and the Python block.
+fn readme_serve_example(addr: &str) -> (String, String) {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
+    let section = &readme[readme.find("## Serve the trained agent").expect("the README's serve section")..];
+    let block = |fence: &str| {
+        let start = section.find(fence).unwrap_or_else(|| panic!("a {fence} block in the serve section")) + fence.len();
+        section[start..start + section[start..].find("```").unwrap()].replace("127.0.0.1:8000", addr)
+    };
+    let curl = block("```sh\n").lines().filter(|l| l.starts_with("curl ")).collect::<Vec<_>>().join("\n");
+    assert!(!curl.is_empty(), "the serve section's shell block talks to the server with curl");
+    (curl, block("```python\n"))
+}
+
 /// The base file plus an evaluation named `stage` whose policy is the server at `addr`.
 fn through_server(addr: &str, stage: &str, temperature: u32, modes: &str) -> String {
     format!(
@@ -114,7 +128,7 @@ fn through_server(addr: &str, stage: &str, temperature: u32, modes: &str) -> Str
     inputs: {{tasks: eval_tasks.tasks}}
     params:
       policy: openai
-      openai: {{base_url: \"http://{addr}/v1\", model: served, cache_dir: .rao/chat-cache, retries: 0}}
+      openai: {{base_url: \"http://{addr}/v1\", model: served/evaluate, cache_dir: .rao/chat-cache, retries: 0}}
       temperature: {temperature}
       modes: [{modes}]
       limits: \"${{params.limits}}\"
@@ -201,7 +215,7 @@ import openai
 client = openai.OpenAI(base_url="http://{addr}/v1", api_key="unused", max_retries=0)
 print(client.models.list().data[0].id)
 try:
-    client.chat.completions.create(model="served", messages=[{{"role": "system", "content": "hi"}}, {{"role": "user", "content": "Goal: win\n(You are at depth 0.)"}}])
+    client.chat.completions.create(model="served/evaluate", messages=[{{"role": "system", "content": "hi"}}, {{"role": "user", "content": "Goal: win\n(You are at depth 0.)"}}])
     print("accepted")
 except openai.BadRequestError as e:
     print("refused:", e.body["message"] if isinstance(e.body, dict) else e)
@@ -211,7 +225,21 @@ except openai.BadRequestError as e:
     let said = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "the openai client (scripts/test installs it):\n{said}{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.starts_with("served/evaluate\n"), "{said}");
-    assert!(said.contains("refused: `win` is not a word of this environment"), "{said}");
+    assert!(said.contains("refused: message 0 is not this environment's instructions"), "{said}");
+
+    // The README's serve example, as pasted (its address made this server's): the curl pipe and
+    // the Python client each get an action back; `--explain` prints what a request holds.
+    let (curl, python_example) = readme_serve_example(&addr);
+    let out = Command::new("sh").arg("-c").arg(&curl).output().expect("sh runs");
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("the README's curl example ({e}):\n{curl}\n{}", String::from_utf8_lossy(&out.stdout)));
+    assert!(!reply["choices"][0]["message"]["content"].as_str().unwrap_or("").is_empty(), "{reply}");
+    let out = Command::new(&python).arg("-c").arg(&python_example).output().expect("python runs");
+    let action = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(out.status.success() && !action.is_empty(), "the README's Python example:\n{action}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(action, reply["choices"][0]["message"]["content"], "both ask for task 0's root agent, greedy");
+    let explained = text(&rao(&["serve", "p.yaml", "evaluate", "--explain"], dir.path()));
+    assert!(explained.contains("The recursive instructions (message 0):") && explained.contains("curl -s"), "{explained}");
 
     // A client that opens connections and sends nothing, or headers a byte at a time, has them
     // closed after `--header-timeout`; the server keeps answering others.

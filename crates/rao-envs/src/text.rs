@@ -60,37 +60,108 @@ pub struct ConversationContext {
 }
 
 /// The node context a conversation of this environment stands for: the inverse of
-/// [`conversation`], checked by rendering it back (anything else is refused, saying what differs).
+/// [`conversation`], checked by rendering it back. Anything else is refused saying which message
+/// differs, what this environment would show there and what the request has.
 pub fn context_of(episode: &dyn Episode, messages: &[Message]) -> Result<ConversationContext, String> {
-    let ids = |text: &str| word_ids(episode.vocab(), text).map_err(|e| e.to_string());
-    let [system, first, rest @ ..] = messages else { return Err("a conversation starts with the system and the goal messages".into()) };
-    let recursive = system.content == episode.instructions(true);
-    let goal_text = first.content.strip_prefix("Goal: ").ok_or("the first user message starts with `Goal: `")?;
-    let (goal_words, depth) = goal_text.split_once("\n(You are at depth ").ok_or("the goal message says the depth")?;
-    let depth: u32 = depth.trim_end_matches(".)").parse().map_err(|_| "the depth is not a number".to_string())?;
-    let mut ctx = episode.prompt(&ids(goal_words)?, depth, recursive);
-    for m in rest {
+    let [system, first, rest @ ..] = messages else {
+        return Err(format!(
+            "a conversation starts with two messages, the environment's instructions (role `system`) and the goal \
+             (role `user`, `{GOAL_LAYOUT}`); the request has {} message(s)",
+            messages.len()
+        ));
+    };
+    let recursive = instructions_of(episode, system)?;
+    if first.role != Role::User {
+        return Err(format!("message 1 is the goal, role `user`; the request's has role `{}`", first.role.name()));
+    }
+    let layout = || format!("message 1 is the goal as `{GOAL_LAYOUT}`; the request has {}", quoted(&first.content));
+    let goal_text = first.content.strip_prefix("Goal: ").ok_or_else(layout)?;
+    let (goal_words, depth) = goal_text.split_once("\n(You are at depth ").ok_or_else(layout)?;
+    let depth: u32 = depth.strip_suffix(".)").and_then(|d| d.parse().ok()).ok_or_else(layout)?;
+    let ids = |at: usize, text: &str| {
+        word_ids(episode.vocab(), text).map_err(|e| match e {
+            ReplyError::UnknownWord(_) => format!("message {at}: {e} (`GET /v1/environment` lists its words)"),
+            ReplyError::Empty => format!("message {at}: {e}"),
+        })
+    };
+    let mut ctx = episode.prompt(&ids(1, goal_words)?, depth, recursive);
+    for (at, m) in rest.iter().enumerate().map(|(i, m)| (i + 2, m)) {
         match m.role {
             Role::Assistant => {
-                ctx.extend(ids(&m.content)?);
+                ctx.extend(ids(at, &m.content)?);
                 ctx.push(EOS);
             }
             Role::User => {
                 ctx.push(OBS);
-                ctx.extend(ids(&m.content)?);
+                ctx.extend(ids(at, &m.content)?);
             }
-            Role::System => return Err("only the first message is the system's".into()),
+            Role::System => return Err(format!("message {at}: only message 0 is the system's")),
         }
     }
-    match conversation(episode, &ctx) {
-        Some(back) if back == messages => Ok(ConversationContext { tokens: ctx, recursive }),
-        Some(back) => {
-            let at = back.iter().zip(messages).position(|(a, b)| a != b).unwrap_or(back.len().min(messages.len()));
-            Err(format!(
-                "message {at} is not what this environment would show there (its instructions, goal and turns as `rao` writes them)"
-            ))
+    let back = conversation(episode, &ctx).ok_or("not a conversation of this environment")?;
+    match back.iter().zip(messages).position(|(a, b)| a != b) {
+        None if back.len() == messages.len() => Ok(ConversationContext { tokens: ctx, recursive }),
+        Some(at) => Err(format!(
+            "message {at} is not what this environment would show there: it would show {} (role `{}`), the request has {} \
+             (role `{}`)",
+            quoted(&back[at].content),
+            back[at].role.name(),
+            quoted(&messages[at].content),
+            messages[at].role.name()
+        )),
+        None if back.len() > messages.len() => Err(format!(
+            "the conversation ends at message {}: this environment would show {} (role `{}`) after it",
+            messages.len() - 1,
+            quoted(&back[messages.len()].content),
+            back[messages.len()].role.name()
+        )),
+        None => Err(format!("message {}: this environment shows no message there", back.len())),
+    }
+}
+
+/// How a goal message reads (`GOAL` the goal's words, `D` the agent's depth, 0 for a root agent).
+pub const GOAL_LAYOUT: &str = "Goal: GOAL\n(You are at depth D.)";
+
+/// Which instructions a system message gives: recursive (`true`) or flat, or why it gives neither.
+fn instructions_of(episode: &dyn Episode, system: &Message) -> Result<bool, String> {
+    if system.role != Role::System {
+        return Err(format!("message 0 is the environment's instructions, role `system`; the request's has role `{}`", system.role.name()));
+    }
+    let (recursive, flat) = (episode.instructions(true), episode.instructions(false));
+    if system.content == recursive {
+        return Ok(true);
+    }
+    if system.content == flat {
+        return Ok(false);
+    }
+    // Say where it leaves the instructions it follows longest.
+    let common = |a: &str| a.chars().zip(system.content.chars()).take_while(|(x, y)| x == y).count();
+    let (name, want) = if common(&flat) > common(&recursive) { ("flat", &flat) } else { ("recursive", &recursive) };
+    let at = common(want);
+    Err(format!(
+        "message 0 is not this environment's instructions (recursive or flat, word for word: `GET /v1/environment` gives \
+         both); it leaves the {name} ones at character {at}: they go on {}, the request has {}",
+        quoted(&want.chars().skip(at).collect::<String>()),
+        quoted(&system.content.chars().skip(at).collect::<String>())
+    ))
+}
+
+/// Text quoted for an error, cut after 80 characters.
+fn quoted(text: &str) -> String {
+    const MAX: usize = 80;
+    let cut: String = text.chars().take(MAX).collect();
+    let more = if text.chars().count() > MAX { "…" } else { "" };
+    format!("{:?}", cut + more)
+}
+
+impl Role {
+    /// The role's name in chat APIs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
         }
-        None => Err("not a conversation of this environment".into()),
     }
 }
 

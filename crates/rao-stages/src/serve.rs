@@ -27,8 +27,8 @@ use rao_agent::policy::{Request, Response as Reply};
 use rao_core::Mode;
 use rao_envs::Episode;
 use rao_envs::grammar::Grammar;
-use rao_envs::text::{ConversationContext, Message, context_of, words};
-use rao_envs::vocab::EOS;
+use rao_envs::text::{ConversationContext, GOAL_LAYOUT, Message, context_of, conversation, words};
+use rao_envs::vocab::{BOS, EOS, OBS, PAD, Tok};
 use rao_pipeline::StageContext;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -50,6 +50,8 @@ enum Model {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ServeError {
     BadRequest(String),
+    /// The request names a model this server does not serve (404, as OpenAI's API answers).
+    NoSuchModel(String),
     Model(String),
 }
 
@@ -205,6 +207,17 @@ impl Served {
 
     /// One chat completion, or what is wrong with the request.
     pub async fn complete(&self, body: &Value) -> Result<Value, ServeError> {
+        match body.get("model") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(name)) if *name == self.model => {}
+            Some(Value::String(name)) => {
+                return Err(ServeError::NoSuchModel(format!(
+                    "the model `{name}` is not served here: this server serves `{}` (`GET /v1/models`)",
+                    self.model
+                )));
+            }
+            Some(_) => return Err(format!("`model` is a string: `{}`", self.model).into()),
+        }
         let messages: Vec<Message> =
             serde_json::from_value(body.get("messages").cloned().unwrap_or(Value::Null)).map_err(|e| format!("`messages`: {e}"))?;
         let temperature = match body.get("temperature") {
@@ -268,7 +281,61 @@ impl Served {
     }
 }
 
+/// How a request must look, as `GET /v1/environment` answers it and `rao serve --explain` prints it.
+const LAYOUT: [&str; 3] = [
+    "message 0, role `system`: the environment's instructions, recursive or flat, word for word (which one sets how the agent acts)",
+    "message 1, role `user`: the goal, as `Goal: GOAL\\n(You are at depth D.)` (D = 0 for an agent no one launched)",
+    "then in turn the agent's actions (role `assistant`) and the environment's observations (role `user`), as a rollout shows them; the reply is the next action",
+];
+
 impl Served {
+    /// What a client needs to talk to this server: the environment, its two instructions, the
+    /// message layout, its words, and a ready request (task 0, recursive, greedy).
+    pub fn environment(&self) -> Value {
+        let vocab = self.set.vocab();
+        let words: Vec<&str> = (0..vocab.len() as Tok).filter(|t| !matches!(*t, PAD | BOS | EOS | OBS)).map(|t| vocab.word(t)).collect();
+        json!({
+            "model": self.model,
+            "environment": self.set.env(),
+            "tasks": self.set.len(),
+            "instructions": {"recursive": self.text_form.instructions(true), "flat": self.text_form.instructions(false)},
+            "layout": LAYOUT,
+            "goal_layout": GOAL_LAYOUT,
+            "words": words,
+            "example": self.example(0, true),
+        })
+    }
+
+    /// A request body this server answers: task `task`'s root agent, greedy. `None` past the last task.
+    pub fn example(&self, task: usize, recursive: bool) -> Option<Value> {
+        if task >= self.set.len() {
+            return None;
+        }
+        let episode = self.set.episode(task);
+        let messages = conversation(episode.as_ref(), &episode.prompt(&episode.root_goal(), 0, recursive))?;
+        Some(json!({"model": self.model, "messages": messages, "temperature": 0}))
+    }
+
+    /// [`Served::environment`] for a person to read (`rao serve --explain`).
+    pub fn explain(&self, base_url: &str) -> String {
+        let mut out =
+            format!("`{}` acts in the {} environment ({} tasks). A request's messages:\n", self.model, self.set.env(), self.set.len());
+        for line in LAYOUT {
+            out += &format!("  - {line}\n");
+        }
+        for recursive in [true, false] {
+            let name = if recursive { "recursive" } else { "flat" };
+            out += &format!("\nThe {name} instructions (message 0):\n{}\n", self.text_form.instructions(recursive));
+        }
+        out += &format!(
+            "\nA ready request (task 0's root agent, greedy) and the whole description as JSON:\n  \
+             curl -s {base_url}/environment/example | curl -s {base_url}/chat/completions -H 'Content-Type: application/json' -d @-\n  \
+             curl -s {base_url}/environment\n\
+             (`/environment/example?task=N&mode=flat` for another task or the flat agent.)\n"
+        );
+        out
+    }
+
     /// `choices[0].logprobs` of a reply: every token the model sampled — the stop token
     /// included, so they sum to the log-prob of the whole reply — each with its behaviour
     /// log-prob (the masked, tempered distribution; 0 when greedy).
@@ -326,6 +393,8 @@ pub async fn serve(listener: tokio::net::TcpListener, served: Arc<Served>, heade
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
+        .route("/v1/environment", get(environment))
+        .route("/v1/environment/example", get(example))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(served);
@@ -360,6 +429,11 @@ async fn chat(State(served): State<Arc<Served>>, body: Result<Json<Value>, JsonR
     match served.complete(&body).await {
         Ok(v) => Json(v).into_response(),
         Err(ServeError::BadRequest(message)) => bad_request(message),
+        Err(ServeError::NoSuchModel(message)) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": {"message": message, "type": "invalid_request_error", "code": "model_not_found"}})),
+        )
+            .into_response(),
         Err(ServeError::Model(message)) => (StatusCode::INTERNAL_SERVER_ERROR, error_body(message, "server_error")).into_response(),
     }
 }
@@ -368,14 +442,39 @@ async fn models(State(served): State<Arc<Served>>) -> Json<Value> {
     Json(json!({"object": "list", "data": [{"id": served.model, "object": "model", "owned_by": "rao"}]}))
 }
 
+async fn environment(State(served): State<Arc<Served>>) -> Json<Value> {
+    Json(served.environment())
+}
+
+/// `?task=N` (default 0) and `mode=recursive|flat` (default recursive).
+async fn example(State(served): State<Arc<Served>>, uri: axum::http::Uri) -> Response {
+    let (mut task, mut recursive) = (0usize, true);
+    for pair in uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("task", n)) => match n.parse() {
+                Ok(n) => task = n,
+                Err(_) => return bad_request(format!("`task={n}`: a task's index, 0 to {}", served.set.len().saturating_sub(1))),
+            },
+            Some(("mode", "recursive")) => recursive = true,
+            Some(("mode", "flat")) => recursive = false,
+            _ => return bad_request(format!("`{pair}`: this route takes `task=N` and `mode=recursive` or `mode=flat`")),
+        }
+    }
+    match served.example(task, recursive) {
+        Some(body) => Json(body).into_response(),
+        None => bad_request(format!("`task={task}`: the tasks are 0 to {}", served.set.len().saturating_sub(1))),
+    }
+}
+
 /// Unknown paths and methods get the same JSON errors as everything else (axum's are empty).
 async fn not_found(uri: axum::http::Uri) -> Response {
-    let message = format!("no route {}: rao serves POST /v1/chat/completions and GET /v1/models", uri.path());
+    let message = format!("no route {}: rao serves POST /v1/chat/completions, GET /v1/models and GET /v1/environment", uri.path());
     (StatusCode::NOT_FOUND, error_body(message, "invalid_request_error")).into_response()
 }
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    let message = format!("{method} is not served at {}: rao serves POST /v1/chat/completions and GET /v1/models", uri.path());
+    let message =
+        format!("{method} is not served at {}: rao serves POST /v1/chat/completions, GET /v1/models and GET /v1/environment", uri.path());
     (StatusCode::METHOD_NOT_ALLOWED, error_body(message, "invalid_request_error")).into_response()
 }
 

@@ -235,20 +235,70 @@ async fn policy_openai_against_rao_serve_gives_the_in_process_trees() {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve(listener, Arc::new(Served::new("tiny".into(), model, set.clone(), &limit_params)), DEFAULT_HEADER_TIMEOUT));
     let cache = tempfile::tempdir().unwrap();
-    let api = Arc::new(ChatApi::new(endpoint(format!("http://{addr}/v1"), cache.path(), 0), cache.path()).unwrap());
+    let api = Arc::new(
+        ChatApi::new(ChatEndpoint { model: "tiny".into(), ..endpoint(format!("http://{addr}/v1"), cache.path(), 0) }, cache.path())
+            .unwrap(),
+    );
     let policy = Arc::new(OpenAiPolicy::new(api, set.episode(0), 0.0));
     let got = rollout_trees(set.as_ref(), &set.all(), policy.clone(), Mode::Recursive, 1, limits, meta, 9).await;
     assert_eq!((policy.unusable.load(Ordering::SeqCst), policy.failed.load(Ordering::SeqCst)), (0, 0));
     assert_eq!(shape(&got), shape(&want), "the trees through rao serve are the in-process policy's");
 
-    // A conversation that is not one of this environment is refused, saying why.
-    let resp = reqwest::Client::new()
-        .post(format!("http://{addr}/v1/chat/completions"))
-        .json(&serde_json::json!({"messages": [{"role": "system", "content": "be nice"}, {"role": "user", "content": "Goal: win\n(You are at depth 0.)"}]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 400);
-    let body: serde_json::Value = resp.json().await.unwrap();
-    assert!(body["error"]["message"].as_str().unwrap().contains("`win` is not a word of this environment"), "{body}");
+    // What a request must hold is served, and the ready request it gives is answered.
+    let http = reqwest::Client::new();
+    let get = |path: &str| {
+        let (http, url) = (http.clone(), format!("http://{addr}/v1{path}"));
+        async move { http.get(url).send().await.unwrap() }
+    };
+    let env: serde_json::Value = get("/environment").await.json().await.unwrap();
+    let instructions = set.episode(0).instructions(true);
+    assert_eq!(env["instructions"]["recursive"], instructions.as_str(), "{env}");
+    assert_eq!(env["tasks"], set.len());
+    assert!(env["words"].as_array().unwrap().iter().any(|w| w == "craft"), "{env}");
+    let example: serde_json::Value = get("/environment/example?task=1&mode=flat").await.json().await.unwrap();
+    assert_eq!(example["messages"][0]["content"], set.episode(1).instructions(false).as_str());
+    let post = |body: serde_json::Value| {
+        let (http, url) = (http.clone(), format!("http://{addr}/v1/chat/completions"));
+        async move {
+            let resp = http.post(url).json(&body).send().await.unwrap();
+            (resp.status().as_u16(), resp.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (status, reply) = post(env["example"].clone()).await;
+    assert_eq!(status, 200, "{reply}");
+    assert!(!reply["choices"][0]["message"]["content"].as_str().unwrap().is_empty(), "{reply}");
+    assert_eq!(get("/environment/example?task=99").await.status().as_u16(), 400);
+
+    // A request that differs is refused saying where, what this environment would show there
+    // and what the request has.
+    let refused = |body: serde_json::Value| async move {
+        let (status, reply) = post(body).await;
+        (status, reply["error"]["message"].as_str().unwrap_or_default().to_string())
+    };
+    let goal = |text: &str| serde_json::json!({"role": "user", "content": text});
+    let system = serde_json::json!({"role": "system", "content": instructions});
+    let cases = [
+        (serde_json::json!([system]), "the request has 1 message(s)"),
+        (
+            serde_json::json!([{"role": "system", "content": "be nice"}, goal("Goal: win\n(You are at depth 0.)")]),
+            "message 0 is not this environment's instructions",
+        ),
+        (serde_json::json!([system, goal("win")]), "message 1 is the goal as `Goal: GOAL"),
+        (serde_json::json!([system, goal("Goal: win\n(You are at depth 0.)")]), "message 1: `win` is not a word of this environment"),
+        (serde_json::json!([system, {"role": "assistant", "content": "hello"}]), "message 1 is the goal, role `user`"),
+    ];
+    for (messages, says) in cases {
+        let (status, message) = refused(serde_json::json!({"messages": messages})).await;
+        assert_eq!(status, 400, "{message}");
+        assert!(message.contains(says), "want `{says}` in: {message}");
+    }
+    // A turn the environment would not show: its own words are quoted back.
+    let mut messages = env["example"]["messages"].clone();
+    messages.as_array_mut().unwrap().push(serde_json::json!({"role": "user", "content": "craft"}));
+    let (status, message) = refused(serde_json::json!({"messages": messages})).await;
+    assert_eq!(status, 400);
+    assert!(message.contains("message 2 is not what this environment would show there"), "{message}");
+    // The model's name is checked, as OpenAI's API does.
+    let (status, message) = refused(serde_json::json!({"model": "gpt-4o", "messages": env["example"]["messages"]})).await;
+    assert_eq!((status, message.contains("this server serves `tiny`")), (404, true), "{message}");
 }
