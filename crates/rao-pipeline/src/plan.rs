@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::compile::Compiled;
+use crate::compile::{Compiled, Source};
 use crate::run_record::InstanceStatus;
 use crate::snapshot::{Snapshot, last_index, snapshot};
 use crate::store::{Store, StoreResult};
@@ -201,13 +201,27 @@ fn groups(c: &Compiled, rows: &[Row], fold_all: bool) -> (Vec<Group>, Vec<usize>
     (out, of)
 }
 
-/// Edges between groups (deduplicated, no self-loops).
+/// Edges between groups (deduplicated, no self-loops): what each instance reads. A stage that
+/// reads a loop's result reads the stage its variable is carried from; the scheduler's waiting
+/// for the loop's other stages (to know which iteration is the last) is not data and not drawn.
 fn group_edges(c: &Compiled, of: &[usize]) -> Vec<(usize, usize)> {
     let mut out: Vec<(usize, usize)> = Vec::new();
-    for e in c.graph.raw_edges() {
-        let (a, b) = (of[e.source().index()], of[e.target().index()]);
-        if a != b && !out.contains(&(a, b)) {
-            out.push((a, b));
+    for (i, inst) in c.instances.iter().enumerate() {
+        for source in inst.inputs.iter().flat_map(|(_, sources)| sources) {
+            let from: Vec<usize> = match source {
+                Source::Output { instance, .. } => vec![*instance],
+                Source::LoopExit { loop_idx, var } => {
+                    let l = &c.loops[*loop_idx];
+                    let stage = l.carry.get(var).map(|(stage, _)| stage);
+                    l.iterations.iter().filter_map(|it| it.get(stage?)).flatten().copied().collect()
+                }
+            };
+            for j in from {
+                let edge = (of[j], of[i]);
+                if edge.0 != edge.1 && !out.contains(&edge) {
+                    out.push(edge);
+                }
+            }
         }
     }
     out
