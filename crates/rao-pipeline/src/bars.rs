@@ -1,6 +1,7 @@
-//! The terminal display of a run: one line for the run (clock, instances run of those to run,
+//! The terminal display of a run: one line for the run (clock, instances done of those to run,
 //! ETA, the latest note), one per running instance (its own progress), finished instances and
-//! notes printed above them.
+//! notes printed above them — but instances that took under [`QUICK`] only counted in the run's
+//! line (a loop's small stages would scroll everything else away).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,13 +14,16 @@ use indicatif::{MultiProgress, ProgressBar, ProgressState, ProgressStyle};
 use crate::eta::Eta;
 use crate::events::{Event, Reporter, human_line};
 
+/// Instances that finish faster than this are counted, not listed.
+const QUICK: f64 = 2.0;
+
 /// A note longer than this is cut in the run's line (it is printed whole above the bars).
 const NOTE_IN_LINE: usize = 60;
 
 fn run_style(eta: Arc<Mutex<Eta>>) -> ProgressStyle {
     // `wide_msg` is cut to the terminal's width: a line that wrapped would be left behind on
     // the screen when the bars are redrawn.
-    ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} to run · ETA {eta_left}{wide_msg}")
+    ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} done · ETA {eta_left}{wide_msg}")
         .expect("a valid template")
         .progress_chars("=> ")
         .with_key("eta_left", move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
@@ -46,8 +50,9 @@ struct Bars {
     run: ProgressBar,
     eta: Arc<Mutex<Eta>>,
     running: Mutex<HashMap<String, ProgressBar>>,
-    /// `· N cached` and the latest note, after the ETA.
+    /// `· N cached`, `· N quick` and the latest note, after the ETA.
     cached: Mutex<usize>,
+    quick: Mutex<usize>,
     last_note: Mutex<String>,
 }
 
@@ -59,7 +64,15 @@ impl Bars {
         run.set_style(run_style(eta.clone()));
         // The clock and the ETA move between events.
         run.enable_steady_tick(Duration::from_secs(1));
-        Bars { multi, run, eta, running: Mutex::new(HashMap::new()), cached: Mutex::new(0), last_note: Mutex::new(String::new()) }
+        Bars {
+            multi,
+            run,
+            eta,
+            running: Mutex::new(HashMap::new()),
+            cached: Mutex::new(0),
+            quick: Mutex::new(0),
+            last_note: Mutex::new(String::new()),
+        }
     }
 
     fn print(&self, e: &Event) {
@@ -80,6 +93,10 @@ impl Bars {
         let mut msg = String::new();
         if cached > 0 {
             msg.push_str(&format!(" · {cached} cached"));
+        }
+        let quick = *self.quick.lock();
+        if quick > 0 {
+            msg.push_str(&format!(" · {quick} under {QUICK} s unlisted"));
         }
         if !note.is_empty() {
             msg.push_str(" · ");
@@ -129,6 +146,10 @@ impl Bars {
                 *self.last_note.lock() = format!("{instance}: {short}");
                 self.print(e);
             }
+            Event::Finished { instance, seconds, .. } if *seconds < QUICK => {
+                self.drop_bar(instance);
+                *self.quick.lock() += 1;
+            }
             Event::Finished { instance, .. } | Event::Failed { instance, .. } | Event::Cancelled { instance } => {
                 self.drop_bar(instance);
                 self.print(e);
@@ -138,7 +159,7 @@ impl Bars {
                 self.drop_bar(instance);
                 *self.cached.lock() += 1;
             }
-            Event::Skipped { .. } => {}
+            Event::Skipped { .. } | Event::Metric { .. } => {}
             Event::Retrying { .. }
             | Event::Waiting { .. }
             | Event::Damaged { .. }

@@ -1,9 +1,10 @@
 //! How long a run has left, estimated from the instances that finished in it.
 //!
 //! Each stage's instances are expected to take as long as that stage's finished ones did on
-//! average; a running instance that reports progress is expected to go on at its own pace. A
-//! stage with no finished instance yet counts as nothing and the estimate says it is a lower
-//! bound (`≥`). The work left is divided by the parallelism the run has shown so far (busy
+//! average (or, before any has finished, its kind's); a running instance that reports progress
+//! is expected to go on at its own pace. While a stage left to run has nothing to measure it by,
+//! there is no estimate, only the name of that stage. The work left is divided by the
+//! parallelism the run has shown so far (busy
 //! time of finished and running instances over the wall clock since the first start). Cached
 //! and skipped instances are no work.
 
@@ -44,6 +45,9 @@ pub struct Eta {
     settled: BTreeMap<String, usize>,
     running: HashMap<String, Running>,
     seconds: BTreeMap<String, Mean>,
+    /// Stage → kind, and the seconds of finished instances per kind.
+    kinds: BTreeMap<String, String>,
+    kind_seconds: BTreeMap<String, Mean>,
     all_seconds: Mean,
     first_start: Option<Instant>,
     /// Instances that ran to completion (or failure) in this run; cached ones do not count.
@@ -61,9 +65,10 @@ impl Eta {
 
     pub fn observe(&mut self, e: &Event, now: Instant) {
         match e {
-            Event::RunStarted { instances, stages, .. } => {
+            Event::RunStarted { instances, stages, kinds, .. } => {
                 self.total = *instances;
                 self.planned = stages.clone();
+                self.kinds = kinds.clone();
             }
             Event::Started { instance, .. } => {
                 self.first_start.get_or_insert(now);
@@ -76,7 +81,11 @@ impl Eta {
             }
             Event::Finished { instance, seconds, .. } => {
                 self.running.remove(instance);
-                self.seconds.entry(stage_of(instance).to_string()).or_default().add(*seconds);
+                let stage = stage_of(instance);
+                self.seconds.entry(stage.to_string()).or_default().add(*seconds);
+                if let Some(kind) = self.kinds.get(stage) {
+                    self.kind_seconds.entry(kind.clone()).or_default().add(*seconds);
+                }
                 self.all_seconds.add(*seconds);
                 self.ran += 1;
                 self.settle(instance);
@@ -104,9 +113,12 @@ impl Eta {
         if self.all_seconds.n == 0 && self.running.values().all(|r| r.left_per_done().is_none()) {
             return None;
         }
-        let mean_of = |stage: &str| self.seconds.get(stage).and_then(Mean::get);
+        let mean_of = |stage: &str| {
+            let of_kind = || self.kinds.get(stage).and_then(|k| self.kind_seconds.get(k)).and_then(Mean::get);
+            self.seconds.get(stage).and_then(Mean::get).or_else(of_kind)
+        };
         let mut work = 0.0;
-        let mut at_least = false;
+        let mut unmeasured: Option<String> = None;
         let mut busy = self.all_seconds.sum;
         let mut running_per_stage: BTreeMap<&str, usize> = BTreeMap::new();
         for (name, r) in &self.running {
@@ -118,7 +130,9 @@ impl Eta {
                 // Its own pace: the time per unit so far, for the units left.
                 (Some(ratio), _) => work += elapsed * ratio,
                 (None, Some(mean)) => work += (mean - elapsed).max(0.0),
-                (None, None) => at_least = true,
+                (None, None) => {
+                    unmeasured.get_or_insert_with(|| stage.to_string());
+                }
             }
         }
         for (stage, &planned) in &self.planned {
@@ -128,9 +142,14 @@ impl Eta {
             if waiting > 0 {
                 match mean_of(stage) {
                     Some(mean) => work += waiting as f64 * mean,
-                    None => at_least = true,
+                    None => {
+                        unmeasured.get_or_insert_with(|| stage.clone());
+                    }
                 }
             }
+        }
+        if let Some(stage) = unmeasured {
+            return Some(Estimate::Unmeasured(stage));
         }
         // The parallelism the run has shown: busy time (finished and running) over wall clock.
         let parallelism = match self.first_start {
@@ -140,7 +159,7 @@ impl Eta {
             }
             None => 1.0,
         };
-        Some(Estimate { left: Duration::from_secs_f64((work / parallelism).max(0.0)), at_least })
+        Some(Estimate::Left(Duration::from_secs_f64((work / parallelism).max(0.0))))
     }
 }
 
@@ -155,17 +174,20 @@ impl Running {
 }
 
 /// How long a run has left.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Estimate {
-    pub left: Duration,
-    /// Some stage still to run has not finished an instance yet (and is counted as nothing), so
-    /// the run takes at least `left`.
-    pub at_least: bool,
+#[derive(Debug, Clone, PartialEq)]
+pub enum Estimate {
+    Left(Duration),
+    /// A stage still to run has nothing to measure it by yet (no finished instance of it or of
+    /// its kind): no honest number until it has run once.
+    Unmeasured(String),
 }
 
 impl std::fmt::Display for Estimate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}{}", if self.at_least { "≥" } else { "" }, clock(self.left))
+        match self {
+            Estimate::Left(left) => write!(f, "{}", clock(*left)),
+            Estimate::Unmeasured(stage) => write!(f, "once `{stage}` has run"),
+        }
     }
 }
 
@@ -191,6 +213,7 @@ mod tests {
             run_id: "r".into(),
             instances: stages.iter().map(|s| s.1).sum(),
             stages: stages.iter().map(|(s, n)| (s.to_string(), *n)).collect(),
+            kinds: stages.iter().map(|(s, _)| (s.to_string(), s.trim_end_matches(|c: char| c.is_ascii_digit()).to_string())).collect(),
             store: String::new(),
         }
     }
@@ -218,7 +241,7 @@ mod tests {
         eta.observe(&finished("warmstart", 60.0), t0 + Duration::from_secs(60));
         eta.observe(&started("rollout@1"), t0 + Duration::from_secs(60));
         eta.observe(&finished("rollout@1", 2.0), t0 + Duration::from_secs(62));
-        let left = eta.remaining(t0 + Duration::from_secs(62)).unwrap().left.as_secs_f64();
+        let left = secs(eta.remaining(t0 + Duration::from_secs(62)));
         assert!((left - 8.0).abs() < 1e-6, "{left}");
     }
 
@@ -233,7 +256,7 @@ mod tests {
         let unit = |done| Event::Progress { instance: "warmstart".into(), done, total: 1000, unit: "steps".into(), message: String::new() };
         eta.observe(&unit(250), t0 + Duration::from_secs(11));
         // 250 steps in 10 s: 750 more take 30 s.
-        let left = eta.remaining(t0 + Duration::from_secs(11)).unwrap().left.as_secs_f64();
+        let left = secs(eta.remaining(t0 + Duration::from_secs(11)));
         assert!((left - 30.0).abs() < 1e-6, "{left}");
     }
 
@@ -247,26 +270,44 @@ mod tests {
         eta.observe(&started("s[i=1]"), t0);
         eta.observe(&finished("s[i=0]", 10.0), t0 + Duration::from_secs(10));
         eta.observe(&finished("s[i=1]", 10.0), t0 + Duration::from_secs(10));
-        let left = eta.remaining(t0 + Duration::from_secs(10)).unwrap().left.as_secs_f64();
+        let left = secs(eta.remaining(t0 + Duration::from_secs(10)));
         assert!((left - 20.0).abs() < 1e-6, "{left}");
     }
 
+    fn secs(e: Option<Estimate>) -> f64 {
+        match e {
+            Some(Estimate::Left(d)) => d.as_secs_f64(),
+            other => panic!("no estimate: {other:?}"),
+        }
+    }
+
     #[test]
-    fn a_stage_not_measured_yet_makes_the_estimate_a_lower_bound() {
+    fn a_stage_not_measured_yet_gives_no_number_but_its_name() {
         let mut eta = Eta::default();
         let t0 = Instant::now();
         eta.observe(&run_started(&[("prep", 2), ("evaluate", 1)]), t0);
         eta.observe(&started("prep[i=0]"), t0);
         eta.observe(&finished("prep[i=0]", 4.0), t0 + Duration::from_secs(4));
         let e = eta.remaining(t0 + Duration::from_secs(4)).unwrap();
-        assert!(e.at_least && (e.left.as_secs_f64() - 4.0).abs() < 1e-6, "{e:?}");
-        assert_eq!(e.to_string(), "≥0:04");
+        assert_eq!(e, Estimate::Unmeasured("evaluate".into()));
+        assert_eq!(e.to_string(), "once `evaluate` has run");
         eta.observe(&started("prep[i=1]"), t0 + Duration::from_secs(4));
         eta.observe(&finished("prep[i=1]", 4.0), t0 + Duration::from_secs(8));
         eta.observe(&started("evaluate"), t0 + Duration::from_secs(8));
         eta.observe(&finished("evaluate", 1.0), t0 + Duration::from_secs(9));
-        let e = eta.remaining(t0 + Duration::from_secs(9)).unwrap();
-        assert_eq!((e.at_least, e.left), (false, Duration::ZERO));
+        assert_eq!(eta.remaining(t0 + Duration::from_secs(9)), Some(Estimate::Left(Duration::ZERO)));
+    }
+
+    #[test]
+    fn a_stage_not_measured_yet_takes_what_its_kind_took() {
+        // `heldout1` and `heldout2` share a kind (the helper names kinds by the stage's name
+        // without its digits): the second is expected to take what the first took.
+        let mut eta = Eta::default();
+        let t0 = Instant::now();
+        eta.observe(&run_started(&[("heldout1", 1), ("heldout2", 1)]), t0);
+        eta.observe(&started("heldout1"), t0);
+        eta.observe(&finished("heldout1", 5.0), t0 + Duration::from_secs(5));
+        assert!((secs(eta.remaining(t0 + Duration::from_secs(5))) - 5.0).abs() < 1e-6);
     }
 
     #[test]

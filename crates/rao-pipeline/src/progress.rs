@@ -61,6 +61,10 @@ impl StageProgress {
         self.reporter.emit(Event::Progress { instance: self.instance.clone(), done, total, unit: unit.to_string(), message });
     }
 
+    pub(crate) fn metric(&self, metric: &str, step: u64, value: f64) {
+        self.reporter.emit(Event::Metric { instance: self.instance.clone(), metric: metric.to_string(), step, value });
+    }
+
     pub(crate) fn note(&self, message: String) {
         self.reporter.emit(Event::Note { instance: self.instance.clone(), message });
     }
