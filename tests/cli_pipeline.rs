@@ -569,6 +569,46 @@ fn kinds_are_listed_and_described_and_the_reference_page_is_current() {
     );
 }
 
+/// A pipeline without evaluations (the shell example) is reported by its stages — instances,
+/// time, outputs — under the run that produced them; before any run there is nothing to report.
+#[test]
+fn a_pipeline_without_evaluations_is_reported_by_its_stages_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/shell/pipeline.yaml");
+    std::fs::copy(example, dir.path().join("p.yaml")).unwrap();
+    let o = rao(&["report", "p.yaml"], dir.path());
+    assert!(!o.status.success() && text(&o).contains("`rao run p.yaml` makes it"), "{}", text(&o));
+    // A store that holds another pipeline's run only: still nothing to report for this one.
+    let other =
+        "name: other\nstages:\n  hello:\n    kind: shell\n    params: {command: 'echo hi > ${outputs.out}/hi.txt'}\n    outputs: [out]\n";
+    std::fs::write(dir.path().join("other.yaml"), other).unwrap();
+    assert!(rao(&["run", "other.yaml"], dir.path()).status.success());
+    let o = rao(&["report", "p.yaml"], dir.path());
+    assert!(!o.status.success() && text(&o).contains("nothing to report: no run and no result"), "{}", text(&o));
+    for _ in 0..3 {
+        let o = rao(&["run", "p.yaml"], dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let first_run = {
+        let o = rao(&["report", "p.yaml", "--run", "latest"], dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    let o = rao(&["report", "p.yaml"], dir.path());
+    let report = text(&o);
+    assert!(o.status.success(), "{report}");
+    assert!(!report.contains("no run record names these results"), "{report}");
+    assert!(report.contains("pipeline shell-example · seed 7 · run "), "{report}");
+    let generate = report.lines().find(|l| l.starts_with("generate ")).unwrap_or_else(|| panic!("{report}"));
+    assert!(generate.contains(" shell ") && generate.ends_with("numbers"), "{generate}");
+    assert!(report.lines().any(|l| l.starts_with("count ") && l.contains(" 2 ") && l.ends_with("total")), "{report}");
+    assert!(first_run.lines().any(|l| l.starts_with("generate ")), "{first_run}");
+    let page = report.lines().last().unwrap().strip_prefix("report: ").unwrap().to_string();
+    assert!(!page.ends_with("empty.html"), "{page}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<h2 id='stages'>Stages</h2>") && html.contains("numbers (") && !html.contains("Held-out"), "{page}");
+}
+
 /// Every pipeline, variant and example the repository ships.
 fn shipped_pipeline_files(root: &Path) -> Vec<std::path::PathBuf> {
     let mut files = vec![root.join("examples/shell/pipeline.yaml")];
@@ -580,6 +620,52 @@ fn shipped_pipeline_files(root: &Path) -> Vec<std::path::PathBuf> {
     }
     files.sort();
     files
+}
+
+/// The folded graph of every shipped pipeline draws exactly what its stages read: an edge A → B
+/// for each input of a B instance that an A instance's output feeds (a loop's result: the stage
+/// its variable is carried from), and nothing else — e.g. `evaluate`, which reads `train.policy`
+/// and `eval_tasks`, gets no edge from the loop's rollouts, though it waits for them.
+#[test]
+fn folded_graphs_draw_exactly_what_each_stage_reads() {
+    use rao_pipeline::compile::Source;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let registry = rao_stages::registry();
+    let mut checked = 0;
+    for f in shipped_pipeline_files(&root) {
+        let c = rao_pipeline::load(&f, &[], &registry).unwrap_or_else(|e| panic!("{}: {e:?}", f.display()));
+        let stage = |i: usize| c.instances[i].stage.clone();
+        let mut want = std::collections::BTreeSet::new();
+        for (i, inst) in c.instances.iter().enumerate() {
+            for source in inst.inputs.iter().flat_map(|(_, sources)| sources) {
+                let from = match source {
+                    Source::Output { instance, .. } => stage(*instance),
+                    Source::LoopExit { loop_idx, var } => c.loops[*loop_idx].carry[var].0.clone(),
+                };
+                if from != inst.stage {
+                    want.insert((from, stage(i)));
+                }
+            }
+        }
+        let o = rao(&["plan", f.to_str().unwrap(), "--format", "mermaid", "--folded"], &root);
+        assert!(o.status.success(), "{}: {}", f.display(), text(&o));
+        let mermaid = String::from_utf8_lossy(&o.stdout).to_string();
+        // Node ids are `s_` and the stage name with `_` doubled and other bytes hex-escaped.
+        let name_of = |id: &str| {
+            let line = mermaid.lines().find(|l| l.trim_start().starts_with(&format!("{id}[\""))).unwrap();
+            line.split("[\"").nth(1).unwrap().split("<br/>").next().unwrap().to_string()
+        };
+        let drawn: std::collections::BTreeSet<(String, String)> =
+            mermaid.lines().filter_map(|l| l.trim().split_once(" --> ")).map(|(a, b)| (name_of(a), name_of(b))).collect();
+        assert_eq!(drawn, want, "{}: the folded graph's edges\n{mermaid}", f.display());
+        checked += 1;
+    }
+    assert!(checked >= 12, "{checked} files");
+    // The case a user saw drawn wrong.
+    let o = rao(&["plan", "pipelines/multihop.yaml", "--format", "mermaid", "--folded"], &root);
+    let mut into_evaluate: Vec<&str> = std::str::from_utf8(&o.stdout).unwrap().lines().filter(|l| l.ends_with("--> s_evaluate")).collect();
+    into_evaluate.sort();
+    assert_eq!(into_evaluate, ["  s_eval__tasks --> s_evaluate", "  s_update --> s_evaluate"], "{into_evaluate:?}");
 }
 
 #[test]

@@ -93,6 +93,60 @@ fn tensorboard_reads_every_metric_and_an_unreachable_tracker_only_warns() {
     assert!(std::fs::read_to_string(run_dir.join("report.html")).unwrap().contains("Learning curves"));
 }
 
+/// Trackers see the run while it goes: the warm start's loss and gate checks and every loop
+/// iteration's metrics reach TensorBoard's reader while a last stage still waits (for the test to
+/// have seen them). At the end the export holds the same points and the evaluations.
+#[test]
+fn trackers_get_each_metric_while_the_run_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = small(dir.path());
+    let go = dir.path().join("go");
+    let hold = format!(
+        "  hold:\n    kind: shell\n    inputs: {{policy: train.policy}}\n    params: {{command: \"for i in $(seq 1800); do [ -e '{}' ] && exit 0; sleep 0.1; done; exit 1\"}}\n",
+        go.display()
+    );
+    let mut file = std::fs::read_to_string(dir.path().join("small.yaml")).unwrap();
+    file.push_str(&hold);
+    std::fs::write(dir.path().join("small.yaml"), file).unwrap();
+    args.extend(["--track", "tensorboard:tb"].map(String::from));
+    let mut run = Command::new(env!("CARGO_BIN_EXE_rao"))
+        .args(&args)
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let tb = dir.path().join("tb/textcraft-synth");
+    let seen = loop {
+        assert!(t0.elapsed() < Duration::from_secs(170), "no live metrics in TensorBoard within 170 s");
+        assert!(run.try_wait().unwrap().is_none(), "the run ended before the test let it");
+        let run_dir = std::fs::read_dir(&tb).ok().and_then(|mut d| d.next()).map(|e| e.unwrap().path());
+        if let Some(run_dir) = run_dir {
+            let got = check(&["tensorboard", run_dir.to_str().unwrap()]);
+            let steps = |k: &str| got["scalars"][k].as_array().map_or(0, Vec::len);
+            if steps("rollout/root_success") == 2 && steps("warmstart/loss") > 0 && steps("warmstart/gate_node_success") > 0 {
+                break got;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    std::fs::write(&go, "").unwrap();
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Live, the warm start's points came at their steps; at the end, the same and the rest.
+    assert_eq!(seen["scalars"]["warmstart/gate_node_success"][0][0], 20, "{}", seen["scalars"]);
+    let (rec, metrics) = recorded(dir.path());
+    let done = check(&["tensorboard", tb.join(rec["run_id"].as_str().unwrap()).to_str().unwrap()]);
+    assert_eq!(done["scalars"]["warmstart/loss"], seen["scalars"]["warmstart/loss"]);
+    for (key, step, _) in &metrics {
+        assert!(done["scalars"][key].as_array().is_some_and(|p| p.iter().any(|p| p[0] == *step)), "{key}@{step}");
+    }
+    assert!(done["scalars"]["eval/expert/recursive/easy/success"].is_array(), "{}", done["scalars"]);
+    let page = std::fs::read_to_string(tb.join(rec["run_id"].as_str().unwrap()).join("report.html")).unwrap();
+    assert!(page.contains("warmstart (per step)") && page.contains("warmstart · rates"), "the report draws the warm start's curves");
+}
+
 /// A real MLflow server on 127.0.0.1, stopped (its whole process group) when the test ends.
 struct MlflowServer {
     child: Child,

@@ -173,6 +173,10 @@ enum Command {
         /// previous reply) before it is closed.
         #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
         header_timeout: u64,
+        /// Print what a request must hold (the environment's instructions, the message layout and
+        /// a ready request) and exit; a running server answers the same at `GET /v1/environment`.
+        #[arg(long)]
+        explain: bool,
     },
     /// Check every manifest of a store and every byte it names (sizes and blake3 hashes).
     Verify {
@@ -419,7 +423,7 @@ async fn write_report(store: &Store, res: &rao_results::RunResults, to: Option<&
     let name = match (&res.run, res.evaluations.first()) {
         (Some(r), _) => r.run_id.clone(),
         (None, Some(e)) => format!("eval-{}", &e.fingerprint[..12.min(e.fingerprint.len())]),
-        (None, None) => "empty".into(),
+        (None, None) => "stages".into(),
     };
     let key = format!("reports/{}/{name}.html", res.pipeline);
     store.put(&key, bytes::Bytes::from(page)).await?;
@@ -616,6 +620,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 targets.push(rao_results::tracking::Target::parse(t, std::path::Path::new(".")).map_err(anyhow::Error::msg)?);
             }
             let reporter = if json { Reporter::json() } else { Reporter::auto() };
+            // Trackers get each point as it is recorded, and the whole run at its end.
+            let live = (!targets.is_empty()).then(|| rao_results::tracking::live::Live::start(targets.clone(), store.clone()));
+            let reporter = match &live {
+                Some(live) => reporter.and_then(live.observer()),
+                None => reporter,
+            };
             let _no_echo = (!json && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(terminal::NoEchoedCtrlC::new);
             let exec = executors(&c, executor, &ray_address, &registry, &store, &reporter)?;
             let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
@@ -624,6 +634,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let record = rao_pipeline::run(c.clone(), exec, &store, opts).await;
             // Engines the run started stop with it, whatever its outcome.
             rao_stages::engine_launch::stop_all().await;
+            if let Some(live) = live {
+                live.finish().await;
+            }
             let record = record?;
             export_run(&c, &store, &record.run_id, &targets).await;
             let evaluated = record.instances.iter().any(|i| {
@@ -689,7 +702,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&m)?);
             }
         }
-        Command::Serve { p, instance, addr, max_batch, header_timeout } => {
+        Command::Serve { p, instance, addr, max_batch, header_timeout, explain } => {
             let (c, store) = load_read_only(&p, &registry)?;
             let ctx = rao_pipeline::exec::context_by_name(&c, &store, &instance).await?;
             anyhow::ensure!(
@@ -700,10 +713,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(max_batch) = max_batch {
                 served = served.with_max_batch(max_batch as usize);
             }
+            if explain {
+                print!("{}", served.explain(&format!("http://{addr}/v1")));
+                return Ok(ExitCode::SUCCESS);
+            }
             let served = std::sync::Arc::new(served);
             let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
             eprintln!(
-                "serving `{}` on http://{}/v1 (POST /chat/completions, GET /models; up to {} requests a batch)",
+                "serving `{}` on http://{}/v1 (POST /chat/completions, GET /models; up to {} requests a batch)\n\
+                 what a request holds: GET /environment, or `rao serve … --explain`",
                 served.model,
                 listener.local_addr()?,
                 served.max_batch()
@@ -766,15 +784,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 eprintln!("{name}: not in the store {given} ({why}); `{}` produces it", run_command(&again));
             }
             let rows: Vec<_> = res.evaluations.iter().flat_map(|e| e.rows.iter().cloned()).collect();
-            if rows.is_empty() && res.run.is_none() && c.instances.iter().any(|i| i.kind == rao_stages::kinds::EVALUATE) {
+            let evaluates = c.instances.iter().any(|i| i.kind == rao_stages::kinds::EVALUATE);
+            if res.run.is_none() && (if evaluates { rows.is_empty() } else { res.costs.is_empty() }) {
+                let what = if evaluates { "evaluation" } else { "result" };
                 anyhow::bail!(
-                    "nothing to report: no run and no evaluation of pipeline `{}` with seed {} is in the store; `{}` produces them",
+                    "nothing to report: no run and no {what} of pipeline `{}` with seed {} is in the store; `{}` produces them",
                     c.name,
                     res.seed,
                     run_command(&again)
                 );
             }
-            let mut table = rao_results::text::eval_table(&rows);
+            // A pipeline without evaluations is reported by its stages: time and outputs.
+            let mut table = if evaluates { rao_results::text::eval_table(&rows) } else { rao_results::text::stage_table(&res.costs) };
             table += &match &res.run {
                 Some(r) => format!(
                     "pipeline {} · seed {} · run {} ({}) · {}{}\n",

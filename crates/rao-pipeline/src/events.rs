@@ -19,6 +19,10 @@ pub enum Event {
         instances: usize,
         /// Instances per stage (the instance name up to `@` or `[`): what an ETA counts on.
         stages: BTreeMap<String, usize>,
+        /// Each stage's kind: a stage not measured yet is expected to take what finished
+        /// instances of its kind took (a final `evaluate` what the loop's held-out ones took).
+        #[serde(default)]
+        kinds: BTreeMap<String, String>,
         store: String,
     },
     Cached {
@@ -50,6 +54,14 @@ pub enum Event {
     Note {
         instance: String,
         message: String,
+    },
+    /// A point of a curve a running stage records (the warm start's loss and gate at each
+    /// check): trackers get it as it comes; the manifest keeps the curve.
+    Metric {
+        instance: String,
+        metric: String,
+        step: u64,
+        value: f64,
     },
     Finished {
         instance: String,
@@ -168,6 +180,17 @@ impl Reporter {
     pub fn emit(&self, e: Event) {
         (self.emit)(&e)
     }
+    /// This reporter, and `also` given every event after it (e.g. live trackers).
+    pub fn and_then(self, also: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        let first = self.emit;
+        Reporter {
+            emit: Arc::new(move |e| {
+                first(e);
+                also(e)
+            }),
+            held: self.held,
+        }
+    }
     /// Write out held-back lines now (the scheduler calls it before it waits, and at its end).
     pub fn flush(&self) {
         if let Some(h) = &self.held {
@@ -267,6 +290,8 @@ fn human_line_raw(e: &Event) -> Option<String> {
             format!("progress {instance}: {}", progress_text(*done, *total, unit, message))
         }
         Event::Note { instance, message } => format!("note     {instance}: {message}"),
+        // Points of curves go to trackers and the report, not to the screen.
+        Event::Metric { .. } => return None,
         Event::Finished { instance, seconds, .. } => format!("done     {instance} ({seconds:.2}s)"),
         Event::Failed { instance, error } => format!("FAILED   {instance}: {error}"),
         Event::Skipped { instance, reason } => format!("skipped  {instance}: {reason}"),

@@ -154,7 +154,7 @@ async fn run_attempts(
         let scratch = std::env::temp_dir().join(format!("rao-scratch-{}-{}-{attempt}", std::process::id(), job.fingerprint));
         let remove_staged = || inst.outputs.iter().for_each(|o| _ = std::fs::remove_dir_all(publish::staged_output(&staging, o)));
         remove_staged();
-        let metrics = Arc::new(Mutex::new(BTreeMap::new()));
+        let recorded = Arc::new(Mutex::new(crate::kind::Recorded::default()));
         // `${env.NAME}` values enter here, at run time only: never the fingerprint or a record.
         let params = crate::secrets::fill_env(&inst.params).map_err(|e| ExecError::Failed(anyhow::anyhow!(e)))?;
         let ctx = StageContext {
@@ -170,7 +170,7 @@ async fn run_attempts(
             store: store.clone(),
             scratch: scratch.clone(),
             staging: staging.clone(),
-            metrics: metrics.clone(),
+            recorded: recorded.clone(),
             progress: crate::progress::StageProgress::new(&inst.name, reporter.clone()),
             cancel: job.cancel.clone(),
         };
@@ -199,7 +199,7 @@ async fn run_attempts(
             r => r,
         };
         let result = match result {
-            Ok(()) => publish::publish(c, store, job, &staging, metrics, started_at, attempt).await.map_err(ExecError::Failed),
+            Ok(()) => publish::publish(c, store, job, &staging, recorded, started_at, attempt).await.map_err(ExecError::Failed),
             Err(e) => Err(e),
         };
         remove_staged();
@@ -420,7 +420,7 @@ pub async fn context_by_name(c: &Compiled, store: &Store, name: &str) -> anyhow:
         store: store.clone(),
         scratch: std::env::temp_dir().join(format!("rao-read-{}-{fingerprint}", std::process::id())),
         staging: std::env::temp_dir().join(format!("rao-read-{}-{fingerprint}-staging", std::process::id())),
-        metrics: Arc::new(Mutex::new(BTreeMap::new())),
+        recorded: Arc::default(),
         progress: crate::progress::StageProgress::new(&inst.name, Reporter::silent()),
         cancel: CancellationToken::new(),
     })

@@ -249,7 +249,7 @@ pub struct StageContext {
     /// Private scratch space, removed after the stage.
     pub scratch: PathBuf,
     pub(crate) staging: PathBuf,
-    pub(crate) metrics: Arc<Mutex<BTreeMap<String, f64>>>,
+    pub(crate) recorded: Arc<Mutex<Recorded>>,
     pub(crate) progress: StageProgress,
     pub(crate) cancel: CancellationToken,
 }
@@ -382,8 +382,25 @@ impl StageContext {
 
     /// Record a metric in the manifest (loops can stop on them; reports read them).
     pub fn set_metric(&self, name: &str, value: f64) {
-        self.metrics.lock().insert(name.to_string(), value);
+        self.recorded.lock().metrics.insert(name.to_string(), value);
     }
+
+    /// Record a point of a curve within the stage (`metric` at `step`, e.g. the loss at a
+    /// training step): the run's trackers get it at once, the manifest keeps the curve for the
+    /// report. Non-finite values are not recorded.
+    pub fn record(&self, metric: &str, step: u64, value: f64) {
+        if value.is_finite() {
+            self.recorded.lock().curves.entry(metric.to_string()).or_default().push((step, value));
+            self.progress.metric(metric, step, value);
+        }
+    }
+}
+
+/// What a running stage records for its manifest: its metrics and its curves.
+#[derive(Debug, Default)]
+pub struct Recorded {
+    pub(crate) metrics: BTreeMap<String, f64>,
+    pub(crate) curves: BTreeMap<String, Vec<(u64, f64)>>,
 }
 
 /// The easy way to write a kind: typed params and fixed inputs/outputs. Register with
@@ -478,6 +495,6 @@ impl<T: TypedStage> StageKind for Typed<T> {
 impl StageContext {
     /// The metrics recorded so far.
     pub fn metrics_snapshot(&self) -> BTreeMap<String, f64> {
-        self.metrics.lock().clone()
+        self.recorded.lock().metrics.clone()
     }
 }

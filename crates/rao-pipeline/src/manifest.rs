@@ -43,6 +43,10 @@ pub struct Manifest {
     pub outputs: BTreeMap<String, Vec<FileEntry>>,
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
+    /// Curves the stage recorded while it ran (metric → (step, value)), e.g. the warm start's
+    /// loss and gate checks.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub curves: BTreeMap<String, Vec<(u64, f64)>>,
     pub started_at: f64,
     pub finished_at: f64,
     pub attempts: u32,
@@ -268,6 +272,7 @@ mod tests {
             run_id: None,
             outputs: BTreeMap::from([("o".into(), vec![FileEntry { path: path.into(), size: 1, blake3: "0".repeat(64) }])]),
             metrics: BTreeMap::new(),
+            curves: BTreeMap::new(),
             started_at: 0.0,
             finished_at: 0.0,
             attempts: 1,

@@ -66,7 +66,7 @@ pub async fn publish(
     store: &Store,
     job: &Job,
     staging: &Path,
-    metrics: Arc<Mutex<BTreeMap<String, f64>>>,
+    recorded: Arc<Mutex<crate::kind::Recorded>>,
     started_at: f64,
     attempts: u32,
 ) -> anyhow::Result<Published> {
@@ -104,6 +104,12 @@ pub async fn publish(
         }
         files_by_output.insert(out.clone(), entries);
     }
+    // One lock, taken and dropped here: two `lock()` temporaries in one struct expression would
+    // both live to its end and deadlock.
+    let (metrics, curves) = {
+        let mut recorded = recorded.lock();
+        (recorded.metrics.clone(), std::mem::take(&mut recorded.curves))
+    };
     let manifest = Manifest {
         fingerprint: job.fingerprint.clone(),
         kind: inst.kind.clone(),
@@ -113,7 +119,8 @@ pub async fn publish(
         attempt: Some(attempt.clone()),
         run_id: Some(job.run_id.clone()),
         outputs: files_by_output,
-        metrics: metrics.lock().clone(),
+        metrics,
+        curves,
         started_at,
         finished_at: now_secs(),
         attempts,

@@ -276,15 +276,18 @@ impl Scheduler {
             Err(e) => self.emit(Event::Warning { message: format!("cannot check earlier runs: {e}") }),
         }
         crate::maintenance::remove_dead_staging(&self.store);
-        let mut stages = BTreeMap::new();
+        let (mut stages, mut kinds) = (BTreeMap::new(), BTreeMap::new());
         for inst in &self.c.instances {
-            *stages.entry(crate::events::stage_of(&inst.name).to_string()).or_default() += 1;
+            let stage = crate::events::stage_of(&inst.name).to_string();
+            kinds.insert(stage.clone(), inst.kind.clone());
+            *stages.entry(stage).or_default() += 1;
         }
         self.emit(Event::RunStarted {
             pipeline: self.c.name.clone(),
             run_id: self.record.run_id.clone(),
             instances: self.c.instances.len(),
             stages,
+            kinds,
             store: self.store.url().to_string(),
         });
         // After the start is announced: against a slow bucket this takes a moment.

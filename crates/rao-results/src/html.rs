@@ -72,6 +72,15 @@ pub fn page(res: &RunResults) -> String {
             esc(&res.file)
         );
     }
+    // A pipeline without evaluations or a loop (plain shell stages, a data job): its stages.
+    if all_rows.is_empty() && res.curves.is_empty() && !res.costs.is_empty() {
+        s.push_str("<h2 id='stages'>Stages</h2>");
+        s.push_str(&cost_table(res));
+        s.push_str(&step_curves(res, &mut palette));
+        s.push_str(&other_metrics(res));
+        s.push_str("</body></html>\n");
+        return s;
+    }
     s.push_str("<h2 id='evaluation'>Held-out evaluation</h2>");
     if all_rows.is_empty() {
         s.push_str("<p class='note'>No evaluation in the store for this pipeline as given.</p>");
@@ -83,7 +92,15 @@ pub fn page(res: &RunResults) -> String {
     s.push_str(&depth_and_cost(&res.evaluations, &all_rows, &mut palette));
     s.push_str(&cost_table(res));
     s.push_str("<h2 id='learning-curves'>Learning curves</h2>");
+    s.push_str(&step_curves(res, &mut palette));
     s.push_str(&learning_curves(res, &mut palette));
+    s.push_str(&other_metrics(res));
+    s.push_str("</body></html>\n");
+    s
+}
+
+fn other_metrics(res: &RunResults) -> String {
+    let mut s = String::new();
     if !res.metrics.is_empty() {
         s.push_str("<h2 id='other-metrics'>Other recorded metrics</h2><table><tr><th class='l'>instance</th><th class='l'>metric</th><th>value</th></tr>");
         for (i, m, v) in &res.metrics {
@@ -91,7 +108,6 @@ pub fn page(res: &RunResults) -> String {
         }
         s.push_str("</table>");
     }
-    s.push_str("</body></html>\n");
     s
 }
 
@@ -287,21 +303,39 @@ fn cost_table(res: &RunResults) -> String {
     }
     let total: f64 = res.costs.iter().map(|c| c.seconds).sum();
     let mut s = String::from(
-        "<h3>Where the time went (each instance's own run, cached ones included)</h3><table><tr><th class='l'>stage</th><th class='l'>kind</th><th>instances</th><th>time</th><th>share</th></tr>",
+        "<h3>Where the time went (each instance's own run, cached ones included)</h3><table><tr><th class='l'>stage</th><th class='l'>kind</th><th>instances</th><th>time</th><th>share</th><th class='l'>outputs</th></tr>",
     );
     for c in &res.costs {
         let _ = write!(
             s,
-            "<tr><td class='l'>{}</td><td class='l'>{}</td><td>{}</td><td>{}</td><td>{:.0}%</td></tr>",
+            "<tr><td class='l'>{}</td><td class='l'>{}</td><td>{}</td><td>{}</td><td>{:.0}%</td><td class='l'>{} ({})</td></tr>",
             esc(&c.stage),
             esc(&c.kind),
             c.instances,
             duration(c.seconds),
-            100.0 * c.seconds / total.max(1e-9)
+            100.0 * c.seconds / total.max(1e-9),
+            esc(&c.outputs.join(", ")),
+            bytes(c.bytes)
         );
     }
-    let _ = write!(s, "<tr><th class='l'>total</th><td></td><td></td><th>{}</th><td></td></tr></table>", duration(total));
+    let _ = write!(s, "<tr><th class='l'>total</th><td></td><td></td><th>{}</th><td></td><td></td></tr></table>", duration(total));
     s
+}
+
+/// `1.2 MB`, `340 B`.
+fn bytes(n: u64) -> String {
+    match n {
+        0..1_000 => format!("{n} B"),
+        1_000..1_000_000 => format!("{:.1} kB", n as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1} MB", n as f64 / 1e6),
+        _ => format!("{:.1} GB", n as f64 / 1e9),
+    }
+}
+
+/// Whether a metric is a rate, drawn on a shared 0–1 axis: its name says success or rate and
+/// every value lies in [0, 1].
+fn is_rate(metric: &str, mut values: impl Iterator<Item = f64>) -> bool {
+    (metric.contains("success") || metric.ends_with("rate")) && values.all(|v| (0.0..=1.0).contains(&v))
 }
 
 fn learning_curves(res: &RunResults, palette: &mut Palette) -> String {
@@ -309,24 +343,72 @@ fn learning_curves(res: &RunResults, palette: &mut Palette) -> String {
         return "<p class='note'>No loop iterations in the store for this pipeline as given.</p>".into();
     }
     let mut s = format!(
-        "<p class='note'>Every metric the loop's stages recorded, per iteration. Curves longer than {} points: faint dots for each iteration, the line a trailing mean over {}.</p>",
+        "<p class='note'>Every metric the loop's stages recorded, per iteration; a stage's rates share one chart on a 0–1 axis. Curves longer than {} points: faint dots for each iteration, the line a trailing mean over {}.</p>",
         plots::SMOOTH_FROM,
         plots::SMOOTH_WINDOW
     );
-    let mut current = "";
+    let mut series: Vec<&str> = Vec::new();
     for c in &res.curves {
-        if c.series != current {
-            if !current.is_empty() {
-                s.push_str("</div>");
-            }
-            current = &c.series;
-            let _ = write!(s, "<h3>{} (per iteration)</h3><div class='grid'>", esc(current));
+        if !series.contains(&c.series.as_str()) {
+            series.push(&c.series);
         }
-        let colour = palette.colour(&c.series);
-        let title = format!("{} · {}", c.series, c.metric);
-        let line = Line { name: &c.metric, colour, points: c.points.iter().map(|p| (p.iteration as f64, p.value)).collect() };
-        s.push_str(&plots::lines(&Axes { title: &title, x: "iteration", y: &c.metric }, &plots::SMALL, &[line]));
     }
-    s.push_str("</div>");
+    for name in series {
+        let _ = write!(s, "<h3>{} (per iteration)</h3><div class='grid'>", esc(name));
+        let curves: Vec<&crate::results::Curve> = res.curves.iter().filter(|c| c.series == name).collect();
+        let (rates, others): (Vec<_>, Vec<_>) = curves.into_iter().partition(|c| is_rate(&c.metric, c.points.iter().map(|p| p.value)));
+        if !rates.is_empty() {
+            let lines: Vec<Line> = rates
+                .iter()
+                .map(|c| Line {
+                    name: &c.metric,
+                    colour: palette.colour(&format!("{name} · {}", c.metric)),
+                    points: c.points.iter().map(|p| (p.iteration as f64, p.value)).collect(),
+                })
+                .collect();
+            let title = format!("{name} · rates");
+            s.push_str(&plots::lines_in(&Axes { title: &title, x: "iteration", y: "rate" }, &plots::SMALL, &lines, Some((0.0, 1.0))));
+        }
+        for c in others {
+            let colour = palette.colour(&c.series);
+            let title = format!("{} · {}", c.series, c.metric);
+            let line = Line { name: &c.metric, colour, points: c.points.iter().map(|p| (p.iteration as f64, p.value)).collect() };
+            s.push_str(&plots::lines(&Axes { title: &title, x: "iteration", y: &c.metric }, &plots::SMALL, &[line]));
+        }
+        s.push_str("</div>");
+    }
+    s
+}
+
+/// The curves stages recorded while they ran (the warm start's loss and gate checks), by step.
+fn step_curves(res: &RunResults, palette: &mut Palette) -> String {
+    let mut s = String::new();
+    let mut instances: Vec<&str> = Vec::new();
+    for c in &res.step_curves {
+        if !instances.contains(&c.instance.as_str()) {
+            instances.push(&c.instance);
+        }
+    }
+    for name in instances {
+        let _ = write!(s, "<h3>{} (per step)</h3><div class='grid'>", esc(name));
+        let curves: Vec<&crate::results::StepCurve> = res.step_curves.iter().filter(|c| c.instance == name).collect();
+        let (rates, others): (Vec<_>, Vec<_>) = curves.into_iter().partition(|c| is_rate(&c.metric, c.points.iter().map(|p| p.1)));
+        let line = |c: &crate::results::StepCurve, palette: &mut Palette| Line {
+            name: "",
+            colour: palette.colour(&format!("{name} · {}", c.metric)),
+            points: c.points.iter().map(|&(x, y)| (x as f64, y)).collect(),
+        };
+        if !rates.is_empty() {
+            let lines: Vec<Line> = rates.iter().map(|c| Line { name: &c.metric, ..line(c, palette) }).collect();
+            let title = format!("{name} · rates");
+            s.push_str(&plots::lines_in(&Axes { title: &title, x: "step", y: "rate" }, &plots::SMALL, &lines, Some((0.0, 1.0))));
+        }
+        for c in others {
+            let title = format!("{name} · {}", c.metric);
+            let one = Line { name: &c.metric, ..line(c, palette) };
+            s.push_str(&plots::lines(&Axes { title: &title, x: "step", y: &c.metric }, &plots::SMALL, &[one]));
+        }
+        s.push_str("</div>");
+    }
     s
 }

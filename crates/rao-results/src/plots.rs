@@ -123,31 +123,61 @@ fn legend<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, en
 where
     DB::ErrorType: 'static,
 {
-    for (k, (name, colour)) in entries.iter().enumerate() {
-        let y = 34 + 18 * k as i32;
+    let mut y = 34;
+    for (name, colour) in entries {
         area.draw(&Rectangle::new([(6, y - 5), (20, y + 5)], colour.filled()))?;
-        let shown: String = if name.chars().count() > 22 { name.chars().take(21).collect::<String>() + "…" } else { name.to_string() };
-        area.draw(&Text::new(shown, (26, y - 7), ("sans-serif", 13).into_font()))?;
+        // A long name goes on over more lines, never cut.
+        for line in wrap(name, LEGEND_CHARS) {
+            area.draw(&Text::new(line, (26, y - 7), ("sans-serif", 13).into_font()))?;
+            y += 15;
+        }
+        y += 3;
     }
     Ok(())
 }
 
+/// Characters of a legend line (the panel's width at 13 px sans-serif).
+const LEGEND_CHARS: usize = 21;
+
+/// `text` in lines of at most `width` characters, broken at spaces (a longer word on its own).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split(' ') {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 1 + word.chars().count() <= width => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => {
+                let chars: Vec<char> = word.chars().collect();
+                lines.extend(chars.chunks(width.max(1)).map(|c| c.iter().collect::<String>()));
+            }
+        }
+    }
+    lines
+}
+
 /// Lines over a numeric x axis (e.g. iterations), with a marker at every point.
 pub fn lines(axes: &Axes, size: &Size, series: &[Line]) -> String {
+    lines_in(axes, size, series, None)
+}
+
+/// [`lines`] with a fixed y range (rates: 0 to 1), else one fitted to the points.
+pub fn lines_in(axes: &Axes, size: &Size, series: &[Line], y_range: Option<(f64, f64)>) -> String {
     let mut svg = String::new();
-    if let Err(e) = draw_lines(&mut svg, axes, size, series) {
+    if let Err(e) = draw_lines(&mut svg, axes, size, series, y_range) {
         return error_note(axes.title, &e.to_string());
     }
     svg
 }
 
-fn draw_lines(svg: &mut String, axes: &Axes, size: &Size, series: &[Line]) -> Result<()> {
+fn draw_lines(svg: &mut String, axes: &Axes, size: &Size, series: &[Line], y_range: Option<(f64, f64)>) -> Result<()> {
     let root = SVGBackend::with_string(svg, (size.width, size.height)).into_drawing_area();
     root.fill(&WHITE)?;
     let with_legend = series.len() > 1;
     let (plot, side) = root.split_horizontally(size.width - if with_legend { LEGEND_WIDTH } else { 0 });
     let (x0, x1) = range_of(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
-    let (y0, y1) = range_of(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
+    let (y0, y1) = y_range.unwrap_or_else(|| range_of(series.iter().flat_map(|s| s.points.iter().map(|p| p.1))));
     let mut chart = ChartBuilder::on(&plot)
         .caption(axes.title, ("sans-serif", 15))
         .margin(8)
@@ -318,5 +348,18 @@ mod tests {
         for must in ["<svg", "success rate", "band", "easy", "hard", "a · recursive", "a · flat"] {
             assert!(svg.contains(must), "{must}: {svg}");
         }
+    }
+
+    #[test]
+    fn legends_wrap_long_names_instead_of_cutting_them() {
+        assert_eq!(wrap("expert-deep · recursive · hard", 21), ["expert-deep ·", "recursive · hard"]);
+        assert_eq!(wrap("a_very_long_metric_name_indeed", 21), ["a_very_long_metric_na", "me_indeed"]);
+        let mut p = Palette::new([]);
+        let lines: Vec<Line> = ["expert-deep · recursive", "rao · flat"]
+            .iter()
+            .map(|&name| Line { name, colour: p.colour(name), points: vec![(1.0, 0.5), (2.0, 1.0)] })
+            .collect();
+        let svg = super::lines_in(&Axes { title: "T", x: "iteration", y: "success" }, &SMALL, &lines, Some((0.0, 1.0)));
+        assert!(svg.contains("expert-deep ·") && svg.contains("recursive") && !svg.contains('…'), "{svg}");
     }
 }

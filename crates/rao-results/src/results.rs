@@ -38,15 +38,25 @@ pub struct Instance {
 impl Instance {
     /// `k` of a loop-body instance `stage@k` (or `stage@k[key=value]`).
     pub fn iteration(&self) -> Option<u32> {
-        let rest = self.name.split_once('@')?.1;
-        rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        iteration_of(&self.name)
     }
     /// The instance name without its iteration: what one learning curve follows.
     pub fn series(&self) -> String {
-        match self.name.split_once('@') {
-            Some((stage, rest)) => format!("{stage}{}", rest.trim_start_matches(|c: char| c.is_ascii_digit())),
-            None => self.name.clone(),
-        }
+        series_of(&self.name)
+    }
+}
+
+/// The loop iteration of an instance name (`rollout@3` → 3; `evaluate` → none).
+pub fn iteration_of(name: &str) -> Option<u32> {
+    let rest = name.split_once('@')?.1;
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// An instance name without its iteration: what one learning curve follows.
+pub fn series_of(name: &str) -> String {
+    match name.split_once('@') {
+        Some((stage, rest)) => format!("{stage}{}", rest.trim_start_matches(|c: char| c.is_ascii_digit())),
+        None => name.to_string(),
     }
 }
 
@@ -69,6 +79,16 @@ pub struct Curve {
     pub points: Vec<Point>,
 }
 
+/// A curve a stage recorded while it ran (the warm start's loss and gate checks), by step.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepCurve {
+    pub instance: String,
+    pub metric: String,
+    pub points: Vec<(u64, f64)>,
+    /// When the instance finished (seconds since the Unix epoch).
+    pub time: f64,
+}
+
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Point {
     pub iteration: u32,
@@ -85,6 +105,9 @@ pub struct StageCost {
     pub kind: String,
     pub instances: usize,
     pub seconds: f64,
+    /// The stage's outputs (names) and their files' bytes, over its instances.
+    pub outputs: Vec<String>,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -99,6 +122,8 @@ pub struct RunResults {
     pub run: Option<RunInfo>,
     pub evaluations: Vec<Evaluation>,
     pub curves: Vec<Curve>,
+    /// Curves recorded within the stages outside loops, per step.
+    pub step_curves: Vec<StepCurve>,
     /// Metrics of instances outside loops (the warm start's gate, …): (instance, metric, value).
     pub metrics: Vec<(String, String, f64)>,
     pub costs: Vec<StageCost>,
@@ -135,8 +160,12 @@ impl RunResults {
                         }
                     }
                 }
-                let evals: BTreeSet<String> = named.iter().filter(|n| n.2 == "evaluate").map(|n| n.3.clone()).collect();
-                let record = producing_run(store, &c.name, &evals, &fingerprints).await?;
+                // The run that produced the evaluations; a pipeline without any: its results.
+                let mut wanted: BTreeSet<String> = named.iter().filter(|n| n.2 == EVALUATE).map(|n| n.3.clone()).collect();
+                if wanted.is_empty() {
+                    wanted = named.iter().map(|n| n.3.clone()).collect();
+                }
+                let record = producing_run(store, &c.name, &wanted, &fingerprints).await?;
                 (named, missing, record)
             }
         };
@@ -175,6 +204,18 @@ impl RunResults {
             resolved,
             evaluations,
             curves: curves(&instances),
+            step_curves: instances
+                .iter()
+                .filter(|i| i.iteration().is_none())
+                .flat_map(|i| {
+                    i.manifest.curves.iter().map(|(metric, points)| StepCurve {
+                        instance: i.name.clone(),
+                        metric: metric.clone(),
+                        points: points.clone(),
+                        time: i.manifest.finished_at,
+                    })
+                })
+                .collect(),
             metrics: instances
                 .iter()
                 .filter(|i| i.iteration().is_none())
@@ -238,16 +279,16 @@ fn run_info(r: &Value) -> RunInfo {
 }
 
 /// The newest run of the pipeline as given (`fingerprints`, by instance) that computed (else:
-/// used) one of these evaluations. A run whose instances had other fingerprints ran other
+/// used) one of these results (its evaluations; a pipeline without any, all its results). A run whose instances had other fingerprints ran other
 /// settings, though it may share an evaluation that does not depend on what changed (an
 /// expert's), or be another file's with the same pipeline name.
 async fn producing_run(
     store: &Store,
     pipeline: &str,
-    evaluations: &BTreeSet<String>,
+    results: &BTreeSet<String>,
     fingerprints: &BTreeMap<String, String>,
 ) -> anyhow::Result<Option<Value>> {
-    if evaluations.is_empty() {
+    if results.is_empty() {
         return Ok(None);
     }
     let mut best: Option<(bool, f64, Value)> = None;
@@ -267,7 +308,7 @@ async fn producing_run(
         let mut computed = false;
         let mut used = false;
         for i in instances {
-            if i["fingerprint"].as_str().is_some_and(|fp| evaluations.contains(fp)) {
+            if i["fingerprint"].as_str().is_some_and(|fp| results.contains(fp)) {
                 used |= matches!(i["status"].as_str(), Some("done" | "cached"));
                 computed |= i["status"] == "done";
             }
@@ -331,12 +372,22 @@ fn costs(instances: &[Instance]) -> Vec<StageCost> {
     let mut out: Vec<StageCost> = Vec::new();
     for i in instances {
         let secs = (i.manifest.finished_at - i.manifest.started_at).max(0.0);
-        match out.iter_mut().find(|c| c.stage == i.stage) {
-            Some(c) => {
-                c.instances += 1;
-                c.seconds += secs;
+        let bytes: u64 = i.manifest.outputs.values().flatten().map(|f| f.size).sum();
+        let c = match out.iter().position(|c| c.stage == i.stage) {
+            Some(c) => &mut out[c],
+            None => {
+                let (stage, kind) = (i.stage.clone(), i.kind.clone());
+                out.push(StageCost { stage, kind, instances: 0, seconds: 0.0, outputs: Vec::new(), bytes: 0 });
+                out.last_mut().expect("just pushed")
             }
-            None => out.push(StageCost { stage: i.stage.clone(), kind: i.kind.clone(), instances: 1, seconds: secs }),
+        };
+        c.instances += 1;
+        c.seconds += secs;
+        c.bytes += bytes;
+        for name in i.manifest.outputs.keys() {
+            if !c.outputs.contains(name) {
+                c.outputs.push(name.clone());
+            }
         }
     }
     out

@@ -32,3 +32,22 @@ pub fn eval_table(rows: &[EvalRow]) -> String {
     }
     s
 }
+
+/// Each stage's instances, time and outputs: the report of a pipeline without evaluations.
+pub fn stage_table(costs: &[crate::results::StageCost]) -> String {
+    let w = costs.iter().map(|c| c.stage.len()).chain([5]).max().unwrap_or(5).min(32);
+    let k = costs.iter().map(|c| c.kind.len()).chain([4]).max().unwrap_or(4).min(16);
+    let mut s = format!("{:<w$}  {:<k$}  {:>9}  {:>8}  {:>9}  outputs\n", "stage", "kind", "instances", "time", "bytes");
+    for c in costs {
+        s += &format!(
+            "{:<w$}  {:<k$}  {:>9}  {:>7.1}s  {:>9}  {}\n",
+            c.stage,
+            c.kind,
+            c.instances,
+            c.seconds,
+            c.bytes,
+            c.outputs.join(", ")
+        );
+    }
+    s
+}

@@ -445,6 +445,10 @@ impl TypedStage for Warmstart {
                     let lr = p.lr * (1.0 - frac * (1.0 - p.lr_final));
                     st.loss = policy.train_step(&batch, grammar.as_ref(), Loss::Supervised, lr, 1.0).loss;
                     st.step += 1;
+                    // The loss curve at up to 200 points, for the report and the trackers.
+                    if st.step % (p.max_steps / 200).max(1) == 0 {
+                        ctx.record("loss", st.step as u64, st.loss);
+                    }
                     let gate_now = st.step % p.eval_every.max(1) == 0 || st.step >= p.max_steps;
                     let checking = if gate_now { " · checking the gate" } else { "" };
                     ctx.progress(st.step as u64, max_steps, "steps", format!("loss {:.4}{checking}", st.loss));
@@ -457,6 +461,8 @@ impl TypedStage for Warmstart {
                             "step {} loss {:.4} gate node_success {:.3} root_success {:.3}\n",
                             st.step, st.loss, st.node_success, st.root_success
                         ));
+                        ctx.record("gate_node_success", st.step as u64, st.node_success);
+                        ctx.record("gate_root_success", st.step as u64, st.root_success);
                         let verdict = if st.node_success >= p.gate.min_node_success { "passed" } else { "not yet" };
                         ctx.note(format!(
                             "gate at step {}: node success {:.3} (gate {}: {verdict}), root success {:.3}, loss {:.4}",

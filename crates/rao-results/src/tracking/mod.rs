@@ -3,6 +3,7 @@
 //! pipeline's parameters and the run's HTML page. A failed export is the caller's warning,
 //! never a failed run.
 
+pub mod live;
 pub mod mlflow;
 pub mod tensorboard;
 
@@ -77,12 +78,18 @@ pub fn key(parts: &[&str]) -> String {
         .join("/")
 }
 
-/// Every loop metric at its iteration, and every evaluation metric at the last iteration.
+/// Every loop metric at its iteration, every curve a stage recorded at its steps, and every
+/// evaluation metric at the last iteration.
 pub fn scalars(res: &RunResults) -> Vec<Scalar> {
     let mut out: Vec<Scalar> = Vec::new();
     for c in &res.curves {
         for p in &c.points {
             out.push(Scalar { key: key(&[&c.series, &c.metric]), step: p.iteration as i64, value: p.value, time: p.time });
+        }
+    }
+    for c in &res.step_curves {
+        for &(step, value) in &c.points {
+            out.push(Scalar { key: key(&[&c.instance, &c.metric]), step: step as i64, value, time: c.time });
         }
     }
     let last = res.curves.iter().flat_map(|c| c.points.iter().map(|p| p.iteration)).max().unwrap_or(0) as i64;

@@ -8,7 +8,7 @@ use std::path::Path;
 use prost::Message;
 
 use crate::results::{RunInfo, RunResults};
-use crate::tracking::{params, scalars};
+use crate::tracking::{Scalar, params, scalars};
 
 #[derive(Clone, PartialEq, Message)]
 struct Event {
@@ -115,14 +115,44 @@ fn text(tag: &str, body: String, time: f64) -> Event {
     }
 }
 
+/// An event file written while the run goes (TensorBoard reads a growing file); the export at
+/// the run's end replaces it with the whole run's.
+pub struct LiveFile {
+    file: std::fs::File,
+}
+
+impl LiveFile {
+    pub fn create(dir: &Path, started_at: f64) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let mut file = std::fs::File::create(dir.join(format!("events.out.tfevents.{}.rao", started_at as i64)))?;
+        let mut bytes = Vec::new();
+        let version = Event { wall_time: started_at, step: 0, what: Some(What::FileVersion("brain.Event:2".into())) };
+        record(&mut bytes, &version.encode_to_vec());
+        file.write_all(&bytes)?;
+        Ok(LiveFile { file })
+    }
+
+    pub fn write(&mut self, scalars: &[Scalar]) -> anyhow::Result<()> {
+        let mut bytes = Vec::new();
+        for s in scalars {
+            record(&mut bytes, &scalar_event(s).encode_to_vec());
+        }
+        self.file.write_all(&bytes)?;
+        self.file.flush()?;
+        Ok(())
+    }
+}
+
+fn scalar_event(s: &Scalar) -> Event {
+    let v = SummaryValue { tag: s.key.clone(), metadata: None, value: Some(Value::SimpleValue(s.value as f32)) };
+    Event { wall_time: s.time, step: s.step, what: Some(What::Summary(Summary { value: vec![v] })) }
+}
+
 /// Write the run's event file (and its report page) into `dir`, replacing an earlier export.
 pub fn write_run(dir: &Path, res: &RunResults, run: &RunInfo, page: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut events = vec![Event { wall_time: run.started_at, step: 0, what: Some(What::FileVersion("brain.Event:2".into())) }];
-    for s in scalars(res) {
-        let v = SummaryValue { tag: s.key, metadata: None, value: Some(Value::SimpleValue(s.value as f32)) };
-        events.push(Event { wall_time: s.time, step: s.step, what: Some(What::Summary(Summary { value: vec![v] })) });
-    }
+    events.extend(scalars(res).iter().map(scalar_event));
     let table: String = params(res).iter().map(|(k, v)| format!("| `{k}` | {} |\n", v.replace('|', "\\|"))).collect();
     let overrides = if res.overrides.is_empty() { "none".to_string() } else { res.overrides.join(" ") };
     let about = format!(
