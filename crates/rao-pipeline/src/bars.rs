@@ -96,7 +96,7 @@ impl Bars {
         }
         let quick = *self.quick.lock();
         if quick > 0 {
-            msg.push_str(&format!(" · {quick} under {QUICK} s unlisted"));
+            msg.push_str(&format!(" · {quick} under {QUICK} s"));
         }
         if !note.is_empty() {
             msg.push_str(" · ");
