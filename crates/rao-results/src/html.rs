@@ -354,29 +354,32 @@ fn learning_curves(res: &RunResults, palette: &mut Palette) -> String {
         }
     }
     for name in series {
-        let _ = write!(s, "<h3>{} (per iteration)</h3><div class='grid'>", esc(name));
-        let curves: Vec<&crate::results::Curve> = res.curves.iter().filter(|c| c.series == name).collect();
-        let (rates, others): (Vec<_>, Vec<_>) = curves.into_iter().partition(|c| is_rate(&c.metric, c.points.iter().map(|p| p.value)));
-        if !rates.is_empty() {
-            let lines: Vec<Line> = rates
-                .iter()
-                .map(|c| Line {
-                    name: &c.metric,
-                    colour: palette.colour(&format!("{name} · {}", c.metric)),
-                    points: c.points.iter().map(|p| (p.iteration as f64, p.value)).collect(),
-                })
-                .collect();
-            let title = format!("{name} · rates");
-            s.push_str(&plots::lines_in(&Axes { title: &title, x: "iteration", y: "rate" }, &plots::SMALL, &lines, Some((0.0, 1.0))));
-        }
-        for c in others {
-            let colour = palette.colour(&c.series);
-            let title = format!("{} · {}", c.series, c.metric);
-            let line = Line { name: &c.metric, colour, points: c.points.iter().map(|p| (p.iteration as f64, p.value)).collect() };
-            s.push_str(&plots::lines(&Axes { title: &title, x: "iteration", y: &c.metric }, &plots::SMALL, &[line]));
-        }
-        s.push_str("</div>");
+        let curves = res.curves.iter().filter(|c| c.series == name);
+        let named = curves.map(|c| (c.metric.as_str(), c.points.iter().map(|p| (p.iteration as f64, p.value)).collect()));
+        s.push_str(&curve_group(&format!("{name} (per iteration)"), name, "iteration", named.collect(), palette));
     }
+    s
+}
+
+/// One series' curves under a heading: its rates on one 0–1 chart, each other metric alone.
+fn curve_group<'a>(heading: &str, name: &str, x: &str, curves: Vec<(&'a str, Vec<(f64, f64)>)>, palette: &mut Palette) -> String {
+    let mut s = format!("<h3>{}</h3><div class='grid'>", esc(heading));
+    let (rates, others): (Vec<_>, Vec<_>) = curves.into_iter().partition(|(metric, points)| is_rate(metric, points.iter().map(|p| p.1)));
+    let mut line =
+        |(metric, points): (&'a str, Vec<(f64, f64)>)| Line {
+            name: metric, colour: palette.colour(&format!("{name} · {metric}")), points
+        };
+    if !rates.is_empty() {
+        let title = format!("{name} · rates");
+        let lines: Vec<Line> = rates.into_iter().map(&mut line).collect();
+        s.push_str(&plots::lines_in(&Axes { title: &title, x, y: "rate" }, &plots::SMALL, &lines, Some((0.0, 1.0))));
+    }
+    for curve in others {
+        let one = line(curve);
+        let title = format!("{name} · {}", one.name);
+        s.push_str(&plots::lines(&Axes { title: &title, x, y: one.name }, &plots::SMALL, std::slice::from_ref(&one)));
+    }
+    s.push_str("</div>");
     s
 }
 
@@ -390,25 +393,9 @@ fn step_curves(res: &RunResults, palette: &mut Palette) -> String {
         }
     }
     for name in instances {
-        let _ = write!(s, "<h3>{} (per step)</h3><div class='grid'>", esc(name));
-        let curves: Vec<&crate::results::StepCurve> = res.step_curves.iter().filter(|c| c.instance == name).collect();
-        let (rates, others): (Vec<_>, Vec<_>) = curves.into_iter().partition(|c| is_rate(&c.metric, c.points.iter().map(|p| p.1)));
-        let line = |c: &crate::results::StepCurve, palette: &mut Palette| Line {
-            name: "",
-            colour: palette.colour(&format!("{name} · {}", c.metric)),
-            points: c.points.iter().map(|&(x, y)| (x as f64, y)).collect(),
-        };
-        if !rates.is_empty() {
-            let lines: Vec<Line> = rates.iter().map(|c| Line { name: &c.metric, ..line(c, palette) }).collect();
-            let title = format!("{name} · rates");
-            s.push_str(&plots::lines_in(&Axes { title: &title, x: "step", y: "rate" }, &plots::SMALL, &lines, Some((0.0, 1.0))));
-        }
-        for c in others {
-            let title = format!("{name} · {}", c.metric);
-            let one = Line { name: &c.metric, ..line(c, palette) };
-            s.push_str(&plots::lines(&Axes { title: &title, x: "step", y: &c.metric }, &plots::SMALL, &[one]));
-        }
-        s.push_str("</div>");
+        let curves = res.step_curves.iter().filter(|c| c.instance == name);
+        let named = curves.map(|c| (c.metric.as_str(), c.points.iter().map(|&(x, y)| (x as f64, y)).collect()));
+        s.push_str(&curve_group(&format!("{name} (per step)"), name, "step", named.collect(), palette));
     }
     s
 }
