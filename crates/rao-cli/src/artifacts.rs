@@ -2,10 +2,10 @@
 //! pyarrow, a browser) — without copying hashed store paths by hand.
 
 use anyhow::{Context, bail};
-use rao_pipeline::manifest::{self, Manifest};
 use rao_pipeline::plan::{Row, State};
-use rao_pipeline::store::object_dir;
 use rao_pipeline::{Compiled, Store};
+use rao_store::manifest::{self, Manifest};
+use rao_store::store::object_dir;
 
 /// The row of an instance by name (`evaluate`, `rollout@60`, `evaluate[window=64]`); a stage
 /// name that expanded into one instance, or a loop body stage (its last finished iteration), is

@@ -552,7 +552,7 @@ fn require_contents(store: &Store, then: &str) -> anyhow::Result<()> {
     }
     // Opened read-only, a local folder that is not there is an empty store with no local root.
     let scheme = store.url().split_once("://").map(|(s, _)| s);
-    let cloud = scheme.is_some_and(rao_pipeline::store::is_cloud_scheme);
+    let cloud = scheme.is_some_and(rao_store::store::is_cloud_scheme);
     if store.local_root().is_none() && !cloud {
         anyhow::bail!("no store at {}: check the path (nothing has run into it){then}", store.url());
     }

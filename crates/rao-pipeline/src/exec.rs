@@ -7,24 +7,23 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
+use crate::InputArtifact;
 use crate::compile::Compiled;
 use crate::events::{Event, Reporter};
 use crate::fingerprint::FpParts;
 use crate::integrity::InputDamaged;
-use crate::kind::{InputArtifact, Registry, StageContext};
+use crate::kind::{Registry, StageContext};
 use crate::lease::{self, Acquired};
 use crate::manifest::{self, Manifest, ManifestState};
 use crate::publish::{self, Published};
 use crate::store::Store;
 
-pub fn now_secs() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
-}
+pub use crate::clock::now_secs;
 
 /// The status-index entry: which fingerprint an instance name had last, and of what.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -150,9 +149,9 @@ async fn run_attempts(
     loop {
         attempt += 1;
         reporter.emit(Event::Started { instance: inst.name.clone(), fingerprint: job.fingerprint.clone(), attempt });
-        let staging = publish::staging_dir(store, &job.fingerprint, attempt);
+        let staging = crate::staging::staging_dir(store, &job.fingerprint, attempt);
         let scratch = std::env::temp_dir().join(format!("rao-scratch-{}-{}-{attempt}", std::process::id(), job.fingerprint));
-        let remove_staged = || inst.outputs.iter().for_each(|o| _ = std::fs::remove_dir_all(publish::staged_output(&staging, o)));
+        let remove_staged = || inst.outputs.iter().for_each(|o| _ = std::fs::remove_dir_all(crate::staging::staged_output(&staging, o)));
         remove_staged();
         let recorded = Arc::new(Mutex::new(crate::kind::Recorded::default()));
         // `${env.NAME}` values enter here, at run time only: never the fingerprint or a record.

@@ -13,10 +13,10 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::InputArtifact;
 use crate::integrity;
-use crate::layout::output_prefix;
 use crate::progress::StageProgress;
-use crate::store::{FileEntry, Store};
+use crate::store::Store;
 
 /// A problem with one parameter: `key` is the top-level param it concerns (if known).
 #[derive(Debug, Clone)]
@@ -202,33 +202,6 @@ impl Registry {
     }
 }
 
-/// One upstream artifact handed to a stage: an output of a finished instance.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct InputArtifact {
-    pub instance: String,
-    pub fingerprint: String,
-    /// The producer's attempt directory (see `Manifest::attempt`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub attempt: Option<String>,
-    pub output: String,
-    pub files: Vec<FileEntry>,
-    /// The producing instance's params (e.g. a `dataset`'s `url`), so that a stage can name the
-    /// user's source in its messages rather than the store's copy.
-    pub params: Value,
-}
-
-impl InputArtifact {
-    /// Store key prefix of this artifact.
-    pub fn prefix(&self) -> String {
-        output_prefix(&self.fingerprint, self.attempt.as_deref(), &self.output)
-    }
-
-    /// Store key of one of this artifact's files.
-    pub fn key(&self, path: &str) -> String {
-        format!("{}/{}", self.prefix(), path)
-    }
-}
-
 /// What a running stage sees: its params, seed, inputs and where to write outputs.
 /// Everything comes from the pipeline and the store, never from scheduler memory.
 pub struct StageContext {
@@ -267,7 +240,7 @@ impl StageContext {
             self.instance,
             self.outputs.join(", ")
         );
-        let dir = crate::publish::staged_output(&self.staging, name);
+        let dir = crate::staging::staged_output(&self.staging, name);
         std::fs::create_dir_all(&dir)?;
         Ok(dir)
     }

@@ -13,16 +13,11 @@ pub mod exec;
 pub mod executor;
 pub mod expand;
 pub mod fingerprint;
-pub mod integrity;
 pub mod interrupt;
 pub mod kind;
 pub mod kinds_doc;
-pub mod layout;
-pub mod lease;
-pub mod local_file;
 pub mod lower;
 pub mod maintenance;
-pub mod manifest;
 pub mod overrides;
 pub mod parse;
 pub mod plan;
@@ -41,7 +36,6 @@ pub mod serde_words;
 mod shell_words;
 pub mod snapshot;
 pub mod spec;
-pub mod store;
 pub mod subst;
 pub mod unknown_keys;
 
@@ -49,9 +43,11 @@ pub use compile::{Compiled, compile_str, load, load_cached};
 pub use diag::Diagnostics;
 pub use events::{Event, Reporter};
 pub use executor::{Executor, InProcess, LocalProcess, PerInstance};
-pub use kind::{InputArtifact, InputDecl, ParamError, Registry, StageContext, StageKind, Typed, TypedStage, Upstream};
+pub use kind::{InputDecl, ParamError, Registry, StageContext, StageKind, Typed, TypedStage, Upstream};
+pub use rao_store::{InputArtifact, Store};
 pub use run_record::{InstanceStatus, RunRecord, RunStatus};
 pub use scheduler::{RunOptions, run};
-pub use store::Store;
+// The store's modules under their old paths inside this crate (the store is a layer below).
+use rao_store::{clock, integrity, layout, lease, local_file, manifest, staging, store};
 /// How a run tells its jobs to stop (Ctrl-C): `Job::cancel`, `exec::execute_by_name`.
 pub use tokio_util::sync::CancellationToken;

@@ -25,7 +25,7 @@ async fn run_with(text: &str, dir: &std::path::Path, store: &Store, overrides: &
 
 /// The bytes of one file of a finished instance's output, found through its manifest.
 async fn output_file(store: &Store, fp: &str, output: &str, file: &str) -> bytes::Bytes {
-    let m = rao_pipeline::manifest::read(store, fp).await.unwrap().done().expect("a finished manifest");
+    let m = rao_store::manifest::read(store, fp).await.unwrap().done().expect("a finished manifest");
     store.get(&m.file_key(output, file)).await.unwrap()
 }
 
@@ -410,9 +410,9 @@ stages:
     let r2 = run_with(text, dir.path(), &local, &[], 2).await;
     for (x, y) in r1.instances.iter().zip(&r2.instances) {
         assert_eq!(x.fingerprint, y.fingerprint);
-        let key = rao_pipeline::store::manifest_key(x.fingerprint.as_ref().unwrap());
-        let m1: rao_pipeline::store::Manifest = mem.get_json(&key).await.unwrap().unwrap();
-        let m2: rao_pipeline::store::Manifest = local.get_json(&key).await.unwrap().unwrap();
+        let key = rao_store::store::manifest_key(x.fingerprint.as_ref().unwrap());
+        let m1: rao_store::store::Manifest = mem.get_json(&key).await.unwrap().unwrap();
+        let m2: rao_store::store::Manifest = local.get_json(&key).await.unwrap().unwrap();
         assert_eq!(m1.outputs, m2.outputs, "same files, same hashes");
     }
     // The local store is a plain directory other tools can read.

@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Context;
 use rao_core::{Mode, TreeKey};
-use rao_pipeline::manifest::{self, Manifest};
 use rao_pipeline::plan::State;
 use rao_pipeline::{Compiled, Store};
 use rao_stages::evaluate::EvalRow;
 use rao_stages::kinds::EVALUATE;
+use rao_store::manifest::{self, Manifest};
 use serde::Serialize;
 use serde_json::Value;
 

@@ -6,8 +6,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use rao_pipeline::Store;
 use rao_pipeline::events::Event;
-use rao_pipeline::{Store, manifest};
+use rao_store::manifest;
 use tokio::sync::mpsc;
 
 use crate::results::{iteration_of, series_of};

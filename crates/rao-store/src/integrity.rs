@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use crate::kind::InputArtifact;
+use crate::artifact::InputArtifact;
 use crate::manifest::FileEntry;
 
 /// An input whose bytes are not what its manifest says. Stages fail with it (through `?`);

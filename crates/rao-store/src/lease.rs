@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::exec::now_secs;
+use crate::clock::now_secs;
 use crate::layout::lease_prefix;
 use crate::store::{Store, StoreResult};
 

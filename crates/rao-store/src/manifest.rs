@@ -222,7 +222,7 @@ pub async fn quarantine(store: &Store, fp: &str, found: &bytes::Bytes) -> StoreR
         Err(_) if is_not_a_file(store, &key) => set_aside(format!("{NOT_A_FILE}; it was removed")),
         Err(e) => return Err(e),
     };
-    store.put(&layout::quarantine_key(fp, crate::exec::now_secs()), note).await?;
+    store.put(&layout::quarantine_key(fp, crate::clock::now_secs()), note).await?;
     delete(store, fp).await
 }
 
