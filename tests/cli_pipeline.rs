@@ -628,7 +628,7 @@ fn shipped_pipeline_files(root: &Path) -> Vec<std::path::PathBuf> {
 /// and `eval_tasks`, gets no edge from the loop's rollouts, though it waits for them.
 #[test]
 fn folded_graphs_draw_exactly_what_each_stage_reads() {
-    use rao_pipeline::compile::Source;
+    use rao_plan::compile::Source;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let registry = rao_stages::registry();
     let mut checked = 0;

@@ -43,7 +43,7 @@ pub fn find_instance<'a>(c: &Compiled, rows: &'a [Row], name: &str) -> anyhow::R
         );
     }
     let names: Vec<&str> = rows.iter().map(|r| r.instance.as_str()).collect();
-    let hint = rao_pipeline::diag::did_you_mean(name, names.iter().copied()).unwrap_or_else(|| {
+    let hint = rao_plan::diag::did_you_mean(name, names.iter().copied()).unwrap_or_else(|| {
         let shown: Vec<&str> = names.iter().copied().take(12).collect();
         format!("instances: {}{}", shown.join(", "), if names.len() > 12 { ", …" } else { "" })
     });

@@ -332,7 +332,7 @@ fn executors(
     store: &rao_pipeline::Store,
     reporter: &Reporter,
 ) -> anyhow::Result<Arc<dyn rao_pipeline::Executor>> {
-    use rao_pipeline::spec::{ExecutorKind as K, ExecutorSpec};
+    use rao_plan::spec::{ExecutorKind as K, ExecutorSpec};
     let cli = cli.map(|k| ExecutorSpec {
         kind: match k {
             ExecutorKind::InProcess => K::InProcess,
@@ -482,7 +482,7 @@ fn parse_min_age(text: &str) -> Result<std::time::Duration, String> {
     if text.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()).trim().parse::<f64>() == Ok(0.0) {
         return Ok(std::time::Duration::ZERO);
     }
-    rao_pipeline::spec::Duration::parse(text).map(|d| d.0)
+    rao_plan::spec::Duration::parse(text).map(|d| d.0)
 }
 
 /// A store given on the command line: a relative path is taken from the current directory,
@@ -497,7 +497,7 @@ fn cli_store_url(s: &str) -> anyhow::Result<String> {
 
 /// Compile a pipeline, through the user's plan cache (a file compiled before is read back).
 fn compile(p: &PipelineArgs, registry: &Registry) -> anyhow::Result<Compiled> {
-    let cache = rao_pipeline::plan_cache::PlanCache::from_env();
+    let cache = rao_plan::plan_cache::PlanCache::from_env();
     rao_pipeline::load_cached(&p.pipeline, &p.set, registry, cache.as_ref()).map_err(|d| anyhow::anyhow!("{d}"))
 }
 
@@ -534,7 +534,7 @@ fn run_command(p: &PipelineArgs) -> String {
 fn rao_command(verb: &str, p: &PipelineArgs) -> String {
     let quoted = rao_pipeline::ray::shell_quote;
     let mut command = format!("rao {verb} {}", quoted(&p.pipeline.display().to_string()));
-    for o in rao_pipeline::run_record::redact_overrides(&p.set) {
+    for o in rao_plan::secrets::redact_overrides(&p.set) {
         command.push_str(&format!(" --set {}", quoted(&o)));
     }
     if let Some(s) = &p.store {
@@ -983,13 +983,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             }
         }
-        Command::Schema => print!("{}", rao_pipeline::schema::pipeline_schema_text(&registry)),
+        Command::Schema => print!("{}", rao_plan::schema::pipeline_schema_text(&registry)),
         Command::Kinds { kind, markdown: true } => {
             debug_assert!(kind.is_none());
-            print!("{}", rao_pipeline::kinds_doc::render_markdown(&registry))
+            print!("{}", rao_plan::kinds_doc::render_markdown(&registry))
         }
         Command::Kinds { kind, markdown: false } => {
-            print!("{}", rao_pipeline::kinds_doc::render_text(&registry, kind.as_deref()).map_err(anyhow::Error::msg)?)
+            print!("{}", rao_plan::kinds_doc::render_text(&registry, kind.as_deref()).map_err(anyhow::Error::msg)?)
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::kind::{InputDecl, ParamError, StageContext, StageKind, check_typed, resolve_typed};
+use crate::kind::{InputDecl, KindSignature, ParamError, StageContext, StageKind, check_typed, resolve_typed};
 
 /// Params of `shell`.
 #[derive(Debug, Deserialize, Serialize, JsonSchema)]
@@ -29,7 +29,7 @@ pub struct ShellParams {
 
 pub struct Shell;
 
-impl StageKind for Shell {
+impl KindSignature for Shell {
     fn name(&self) -> &'static str {
         "shell"
     }
@@ -74,6 +74,9 @@ impl StageKind for Shell {
         }
         Ok(serde_json::to_string(&hashed).expect("strings serialise"))
     }
+}
+
+impl StageKind for Shell {
     fn run(&self, ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>> {
         async move { run_shell(ctx).await }.boxed()
     }
@@ -223,7 +226,7 @@ pub struct NoopParams {
 /// Does nothing and writes empty outputs: measures the engine's own overhead.
 pub struct Noop;
 
-impl StageKind for Noop {
+impl KindSignature for Noop {
     fn name(&self) -> &'static str {
         "noop"
     }
@@ -251,6 +254,9 @@ impl StageKind for Noop {
     fn outputs(&self) -> Option<&'static [&'static str]> {
         None
     }
+}
+
+impl StageKind for Noop {
     fn run(&self, _ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>> {
         async { Ok(()) }.boxed()
     }

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
-use crate::kind::{InputDecl, ParamError, StageContext, StageKind, check_typed, parse_typed, resolve_typed};
+use crate::kind::{InputDecl, KindSignature, ParamError, StageContext, StageKind, check_typed, parse_typed, resolve_typed};
 use crate::store::{is_cloud_scheme, open_cloud};
 
 /// Params of `dataset`.
@@ -198,7 +198,7 @@ impl Dataset {
     pub const NAME: &'static str = "dataset";
 }
 
-impl StageKind for Dataset {
+impl KindSignature for Dataset {
     fn name(&self) -> &'static str {
         Self::NAME
     }
@@ -232,6 +232,9 @@ impl StageKind for Dataset {
         let entries = block_on_aside(source.list(&p.url)).map_err(|e| format!("{e:#}"))?;
         Ok(listing_id(&entries))
     }
+}
+
+impl StageKind for Dataset {
     fn run(&self, ctx: StageContext) -> BoxFuture<'static, anyhow::Result<()>> {
         async move { fetch(ctx).await }.boxed()
     }

@@ -17,10 +17,11 @@ use crate::compile::Compiled;
 use crate::events::{Event, Reporter};
 use crate::fingerprint::FpParts;
 use crate::integrity::InputDamaged;
-use crate::kind::{Registry, StageContext};
+use crate::kind::StageContext;
 use crate::lease::{self, Acquired};
 use crate::manifest::{self, Manifest, ManifestState};
 use crate::publish::{self, Published};
+use crate::registry::Registry;
 use crate::store::Store;
 
 pub use crate::clock::now_secs;

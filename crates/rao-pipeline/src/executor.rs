@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 use crate::compile::Compiled;
 use crate::events::{Event, Reporter};
 use crate::exec::{self, Finished, Job};
-use crate::kind::Registry;
+use crate::registry::Registry;
 use crate::store::Store;
 
 /// Something that can run a job: in this process, as a child process, or on a cluster.

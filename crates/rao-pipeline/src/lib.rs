@@ -1,53 +1,54 @@
-//! rao-pipeline: a generic, RL-free orchestrator. Pipeline files compile to a DAG of stage
-//! instances that run concurrently, cached by content in an object store, and resume after a crash.
+//! rao-pipeline: a generic, RL-free orchestrator — the runner. Plans compiled by rao-plan run
+//! as a DAG of stage instances, concurrently, cached by content in a rao-store object store, and
+//! resume after a crash.
 
 mod bars;
 pub mod builtin;
-pub mod check;
-pub mod compile;
 pub mod dataset;
-pub mod diag;
 pub mod eta;
 pub mod events;
 pub mod exec;
 pub mod executor;
-pub mod expand;
-pub mod fingerprint;
 pub mod interrupt;
 pub mod kind;
-pub mod kinds_doc;
-pub mod lower;
 pub mod maintenance;
-pub mod overrides;
-pub mod parse;
 pub mod plan;
-pub mod plan_cache;
 mod progress;
 pub mod publish;
 pub mod ray;
 mod read_ahead;
 pub mod reaper;
-pub mod resolved;
+pub mod registry;
 pub mod run_record;
 pub mod scheduler;
-pub mod schema;
-pub mod secrets;
-pub mod serde_words;
 mod shell_words;
 pub mod snapshot;
-pub mod spec;
-pub mod subst;
-pub mod unknown_keys;
 
-pub use compile::{Compiled, compile_str, load, load_cached};
-pub use diag::Diagnostics;
 pub use events::{Event, Reporter};
 pub use executor::{Executor, InProcess, LocalProcess, PerInstance};
-pub use kind::{InputDecl, ParamError, Registry, StageContext, StageKind, Typed, TypedStage, Upstream};
+pub use kind::{StageContext, StageKind, Typed, TypedStage};
+pub use rao_plan::{Compiled, Diagnostics, InputDecl, KindSignature, Kinds, ParamError, Upstream, compile_str, load, load_cached};
 pub use rao_store::{InputArtifact, Store};
+pub use registry::Registry;
 pub use run_record::{InstanceStatus, RunRecord, RunStatus};
 pub use scheduler::{RunOptions, run};
-// The store's modules under their old paths inside this crate (the store is a layer below).
+// The layers below under their own names inside this crate: the plan, and the store.
+use rao_plan::{compile, diag, fingerprint, secrets};
 use rao_store::{clock, integrity, layout, lease, local_file, manifest, staging, store};
 /// How a run tells its jobs to stop (Ctrl-C): `Job::cancel`, `exec::execute_by_name`.
 pub use tokio_util::sync::CancellationToken;
+
+// Stage and pipeline names become store key components: the planner's limit fits the store's.
+const _: () = assert!(rao_plan::check::MAX_NAME_LEN <= rao_store::layout::MAX_NAME_LEN);
+
+#[cfg(test)]
+mod tests {
+    /// Stage and pipeline names become store key components: every name the planner accepts
+    /// must be one the store accepts.
+    #[test]
+    fn every_valid_name_is_a_valid_store_key_component() {
+        let longest = "n".repeat(rao_plan::check::MAX_NAME_LEN);
+        assert!(rao_plan::check::valid_name(&longest));
+        assert!(rao_store::layout::check_component("stage name", &longest).is_ok());
+    }
+}

@@ -76,7 +76,7 @@ pub struct RunRecord {
     pub overrides: Vec<String>,
     /// The pipeline as resolved; written redacted (`secrets::Redacted`), so a record read back
     /// holds the redacted values.
-    pub resolved: crate::resolved::RecordedPipeline,
+    pub resolved: rao_plan::resolved::RecordedPipeline,
     /// What `RunOptions::code_version` said (reports show which code measured what).
     #[serde(default)]
     pub code_version: String,
@@ -240,15 +240,4 @@ pub async fn newest_runs_fingerprints(store: &Store, pipeline: &str) -> StoreRes
     }
     let with_overrides = newest.into_keys().filter(|o| !o.is_empty()).collect();
     Ok(NewestRuns { fingerprints: fps, with_overrides, unreadable: None })
-}
-
-/// `--set` entries as recorded: values of keys that look like credentials become `<redacted>`.
-pub fn redact_overrides(overrides: &[String]) -> Vec<String> {
-    overrides
-        .iter()
-        .map(|o| match o.split_once('=') {
-            Some((path, _)) if crate::secrets::sets_secret(o) => format!("{path}=<redacted>"),
-            _ => o.clone(),
-        })
-        .collect()
 }

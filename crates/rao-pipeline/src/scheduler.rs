@@ -183,7 +183,7 @@ impl Scheduler {
             file: c.file.display().to_string(),
             store: store.url().to_string(),
             executor: executor.name().to_string(),
-            overrides: run_record::redact_overrides(&c.overrides),
+            overrides: crate::secrets::redact_overrides(&c.overrides),
             resolved: c.resolved.for_record(),
             code_version: opts.code_version.clone(),
             host: crate::lease::host_name(),

@@ -361,7 +361,7 @@ stages:
 
 /// Appends a line to its input file and reports the line count as metric `lines`.
 struct Counting;
-impl rao_pipeline::StageKind for Counting {
+impl rao_pipeline::KindSignature for Counting {
     fn name(&self) -> &'static str {
         "counting"
     }
@@ -383,6 +383,9 @@ impl rao_pipeline::StageKind for Counting {
     fn outputs(&self) -> Option<&'static [&'static str]> {
         Some(&["o"])
     }
+}
+
+impl rao_pipeline::StageKind for Counting {
     fn run(&self, ctx: rao_pipeline::StageContext) -> futures::future::BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
             let prev = ctx.input("prev")?[0].clone();
@@ -429,7 +432,7 @@ fn a_variant_extends_a_pipeline_and_its_bad_changes_point_at_its_own_lines() {
         "extends: base.yaml\nname: variant\ndescription: a smaller one\nset:\n  params.size: 2\n  stages.a.params.value: [3, 4]\n";
     std::fs::write(dir.path().join("v.yaml"), variant).unwrap();
     let registry = Registry::with_builtins();
-    let c = rao_pipeline::compile::load(&dir.path().join("v.yaml"), &["seed=9".to_string()], &registry).unwrap_or_else(|d| panic!("{d}"));
+    let c = rao_plan::compile::load(&dir.path().join("v.yaml"), &["seed=9".to_string()], &registry).unwrap_or_else(|d| panic!("{d}"));
     assert_eq!(c.name, "variant");
     assert_eq!(c.resolved["params"]["size"], 2);
     assert_eq!(c.resolved["stages"]["a"]["params"]["value"], serde_json::json!([3, 4]));
@@ -438,14 +441,14 @@ fn a_variant_extends_a_pipeline_and_its_bad_changes_point_at_its_own_lines() {
 
     let bad = "extends: base.yaml\nname: variant\nset:\n  params.size: 2\n  stages.c.params.value: 1\n";
     std::fs::write(dir.path().join("bad.yaml"), bad).unwrap();
-    let d = rao_pipeline::compile::load(&dir.path().join("bad.yaml"), &[], &registry).unwrap_err();
+    let d = rao_plan::compile::load(&dir.path().join("bad.yaml"), &[], &registry).unwrap_err();
     assert!(d.file.ends_with("bad.yaml"), "{}", d.file);
     assert_eq!(d.items.len(), 1);
     assert_eq!(d.items[0].pos.line, 5, "{d}");
     assert!(d.items[0].message.contains("no stage `c`"), "{d}");
 
     std::fs::write(dir.path().join("missing.yaml"), "extends: nowhere.yaml\nname: m\n").unwrap();
-    let d = rao_pipeline::compile::load(&dir.path().join("missing.yaml"), &[], &registry).unwrap_err();
+    let d = rao_plan::compile::load(&dir.path().join("missing.yaml"), &[], &registry).unwrap_err();
     assert_eq!(d.items[0].pos.line, 1, "{d}");
 }
 
@@ -498,7 +501,7 @@ fn a_dataset_folder_that_links_back_up_is_refused_not_walked_forever() {
 
 /// Panics in its stage code.
 struct Panicking;
-impl rao_pipeline::StageKind for Panicking {
+impl rao_pipeline::KindSignature for Panicking {
     fn name(&self) -> &'static str {
         "panicking"
     }
@@ -520,6 +523,9 @@ impl rao_pipeline::StageKind for Panicking {
     fn outputs(&self) -> Option<&'static [&'static str]> {
         Some(&["o"])
     }
+}
+
+impl rao_pipeline::StageKind for Panicking {
     fn run(&self, _ctx: rao_pipeline::StageContext) -> futures::future::BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move { panic!("index out of bounds in the stage") })
     }

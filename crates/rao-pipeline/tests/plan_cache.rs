@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use rao_pipeline::plan_cache::PlanCache;
 use rao_pipeline::{Compiled, Registry, load, load_cached};
+use rao_plan::plan_cache::PlanCache;
 
 const PIPELINE: &str = "\
 name: cached

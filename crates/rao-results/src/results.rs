@@ -199,7 +199,7 @@ impl RunResults {
             seed: resolved["seed"].as_u64().unwrap_or(0),
             overrides: past
                 .and_then(|r| serde_json::from_value(r["overrides"].clone()).ok())
-                .unwrap_or_else(|| rao_pipeline::run_record::redact_overrides(&c.overrides)),
+                .unwrap_or_else(|| rao_plan::secrets::redact_overrides(&c.overrides)),
             run: record.as_ref().map(run_info),
             resolved,
             evaluations,
@@ -405,7 +405,7 @@ pub fn flatten(v: &Value) -> Vec<(String, Value)> {
             }
             _ => {
                 let key = prefix.rsplit('.').next().unwrap_or(prefix);
-                let shown = if rao_pipeline::secrets::looks_secret(key) { Value::String("<redacted>".into()) } else { v.clone() };
+                let shown = if rao_plan::secrets::looks_secret(key) { Value::String("<redacted>".into()) } else { v.clone() };
                 out.push((prefix.to_string(), shown));
             }
         }

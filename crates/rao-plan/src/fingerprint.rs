@@ -8,8 +8,8 @@
 //! |----------------|----------------------------------------------------------------------------------------------|
 //! | `kind`         | the stage kind's name                                                                        |
 //! | `kind_version` | the kind's hand-kept version (u32 LE)                                                        |
-//! | `code`         | a build-time hash of the source code that produces the kind's outputs (`StageKind::code_version`) |
-//! | `machine`      | what makes the kind's bits machine-dependent, e.g. the CPU's SIMD path (`StageKind::machine_profile`) |
+//! | `code`         | a build-time hash of the source code that produces the kind's outputs (`KindSignature::code_version`) |
+//! | `machine`      | what makes the kind's bits machine-dependent, e.g. the CPU's SIMD path (`KindSignature::machine_profile`) |
 //! | `params`       | the params *as resolved* (placeholders substituted, defaults filled), canonical JSON         |
 //! | `seed`         | the instance's seed (u64 LE), derived from the pipeline seed and the instance name          |
 //! | `extra`        | what the kind adds (files a shell command reads, a dataset's listing)                        |

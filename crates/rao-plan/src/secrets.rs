@@ -153,6 +153,17 @@ impl serde::Serialize for Redacted<'_> {
     }
 }
 
+/// `--set` entries as recorded: values of keys that look like credentials become `<redacted>`.
+pub fn redact_overrides(overrides: &[String]) -> Vec<String> {
+    overrides
+        .iter()
+        .map(|o| match o.split_once('=') {
+            Some((path, _)) if sets_secret(o) => format!("{path}=<redacted>"),
+            _ => o.clone(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

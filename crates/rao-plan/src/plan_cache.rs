@@ -19,7 +19,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::compile::Compiled;
-use crate::kind::Registry;
+use crate::kind::Kinds;
 
 /// Entries kept; the oldest beyond this, or beyond `MAX_TOTAL_BYTES` together, are removed when
 /// one is written.
@@ -56,7 +56,7 @@ impl PlanCache {
     }
 
     /// The entry's key, or `None` when the executable cannot be identified (then nothing is cached).
-    pub(crate) fn key(label: &str, text: &str, base_dir: &Path, overrides: &[String], registry: &Registry) -> Option<String> {
+    pub(crate) fn key(label: &str, text: &str, base_dir: &Path, overrides: &[String], registry: &dyn Kinds) -> Option<String> {
         let mut h = blake3::Hasher::new();
         let mut field = |bytes: &[u8]| {
             h.update(&(bytes.len() as u64).to_le_bytes());
@@ -72,7 +72,7 @@ impl PlanCache {
             field(o.as_bytes());
         }
         for name in registry.names() {
-            let kind = registry.get(name)?;
+            let kind = registry.kind(name)?;
             field(name.as_bytes());
             field(&kind.version().to_le_bytes());
             field(kind.code_version().as_bytes());
@@ -86,14 +86,14 @@ impl PlanCache {
 
     /// The plan stored under `key`, with its disk-dependent parts read again; `None` on any
     /// problem (the caller compiles, which reports problems where they are).
-    pub(crate) fn get(&self, key: &str, registry: &Registry) -> Option<Compiled> {
+    pub(crate) fn get(&self, key: &str, registry: &dyn Kinds) -> Option<Compiled> {
         let path = self.path(key);
         if std::fs::metadata(&path).ok()?.len() > MAX_ENTRY_BYTES {
             return None;
         }
         let mut c: Compiled = rmp_serde::from_slice(&std::fs::read(&path).ok()?).ok()?;
         for inst in &mut c.instances {
-            let kind = registry.get(&inst.kind)?;
+            let kind = registry.kind(&inst.kind)?;
             inst.extra = kind.fingerprint_extra(&inst.params, &c.base_dir).ok()?;
             inst.machine = kind.machine_profile(&inst.params);
         }

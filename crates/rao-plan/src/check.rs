@@ -9,7 +9,6 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use serde_json::Value;
 
 use crate::diag::{Diagnostic, did_you_mean};
-use crate::layout::MAX_NAME_LEN;
 use crate::lower::{Entry, Loop, Lowered, Ref, Stage};
 use crate::spec::{OrderedMap, Pos, Sp, StageSpec};
 use crate::subst::{Scope, scalar_text};
@@ -19,6 +18,9 @@ pub const MAX_INSTANCES: u64 = 200_000;
 /// Longest per-attempt timeout (a year): longer is a typo, and too long for a clock.
 pub const MAX_TIMEOUT_S: f64 = 366.0 * 86400.0;
 pub const MAX_RETRIES: u32 = 100;
+/// Longest stage or pipeline name. Names become store key components, so the store's limit
+/// (`rao_store::layout::MAX_NAME_LEN`) must be at least this; rao-pipeline asserts it at compile time.
+pub const MAX_NAME_LEN: usize = 120;
 
 pub fn valid_name(n: &str) -> bool {
     !n.is_empty() && n.len() <= MAX_NAME_LEN && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
@@ -182,7 +184,7 @@ impl Checker<'_, '_> {
                     let pos = e.key.as_deref().and_then(|k| s.params.key_pos(k)).unwrap_or(st.name.pos);
                     let mut help = e.help.unwrap_or_else(|| format!("`rao schema` lists the params of kind `{}`", kind.name()));
                     if let Some(i) = e.key.as_deref().and_then(|k| override_of(overrides, st, k)) {
-                        let given = crate::run_record::redact_overrides(std::slice::from_ref(&overrides[i])).pop().unwrap_or_default();
+                        let given = crate::secrets::redact_overrides(std::slice::from_ref(&overrides[i])).pop().unwrap_or_default();
                         let by = origins.get(i).map_or("--set or a variant's `set:`", String::as_str);
                         help.push_str(&format!("; the value was given as `{given}` (by {by})"));
                     }
@@ -206,7 +208,7 @@ impl Checker<'_, '_> {
     }
 
     /// `${inputs.NAME}` / `${outputs.NAME}` in the params its kind fills them into
-    /// ([`crate::kind::StageKind::io_placeholder_params`]) name inputs / outputs of the stage: an
+    /// ([`crate::kind::KindSignature::io_placeholder_params`]) name inputs / outputs of the stage: an
     /// unknown NAME was left in a shell command and reached `sh` as a broken placeholder ("Bad
     /// substitution") once upstream stages had run. `params` are substituted, so a reference
     /// brought in by a `${params.…}` is checked too (located at the value then).

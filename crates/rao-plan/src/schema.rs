@@ -7,13 +7,13 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::kind::Registry;
+use crate::kind::Kinds;
 use crate::spec::{PipelineFile, VariantFile};
 
 const SUBSTITUTION: &str = "Substitution";
 
 /// The schema editors use (`# yaml-language-server: $schema=...`), kept in sync by a test.
-pub fn pipeline_schema(registry: &Registry) -> Value {
+pub fn pipeline_schema(registry: &dyn Kinds) -> Value {
     let mut generator = schemars::generate::SchemaSettings::draft2020_12().into_generator();
     let pipeline = generator.subschema_for::<PipelineFile>();
     let variant = generator.subschema_for::<VariantFile>();
@@ -28,7 +28,7 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
     );
     // Per-kind params: `if kind == K then params matches K's schema`.
     let mut rules = Vec::new();
-    for kind in registry.kinds() {
+    for kind in registry.all() {
         let mut params = serde_json::to_value(kind.params_schema()).expect("schema serialises");
         hoist_defs(&mut params, kind.name(), &mut defs);
         if let Some(o) = params.as_object_mut() {
@@ -44,7 +44,7 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
     }
     if let Some(stage) = defs.get_mut("StageSpec").and_then(|s| s.as_object_mut()) {
         stage.insert("allOf".into(), Value::Array(rules));
-        let names: Vec<&str> = registry.names().collect();
+        let names: Vec<&str> = registry.names();
         if let Some(kind) = stage.get_mut("properties").and_then(|p| p.get_mut("kind")) {
             kind["enum"] = json!(names);
         }
@@ -64,7 +64,7 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
 /// Rules of the compiler's checks (`check.rs`, `lower.rs`) that a schema can state too, so that
 /// an editor flags them where they are typed: names, a stage is a kind or a loop, counts.
 fn tighten(defs: &mut Map<String, Value>) {
-    let name = format!("^[A-Za-z0-9_-]{{1,{}}}$", crate::layout::MAX_NAME_LEN);
+    let name = format!("^[A-Za-z0-9_-]{{1,{}}}$", crate::check::MAX_NAME_LEN);
     let mut set = |def: &str, path: &[&str], rules: Value| {
         let mut at = defs.get_mut(def);
         for key in path {
@@ -183,7 +183,7 @@ fn each_schema(v: &mut Value, f: &mut dyn FnMut(&mut Map<String, Value>)) {
     }
 }
 
-pub fn pipeline_schema_text(registry: &Registry) -> String {
+pub fn pipeline_schema_text(registry: &dyn Kinds) -> String {
     let mut s = serde_json::to_string_pretty(&pipeline_schema(registry)).expect("schema serialises");
     s.push('\n');
     s

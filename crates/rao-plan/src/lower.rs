@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::diag::{Diagnostic, did_you_mean};
-use crate::kind::{Registry, StageKind};
+use crate::kind::{KindSignature, Kinds};
 use crate::spec::{LoopSpec, PipelineFile, Pos, Sp, StageSpec, StopWhen};
 
 /// `STAGE.OUTPUT` (or `loop.VAR` inside a loop body) as written.
@@ -40,7 +40,7 @@ pub struct Input {
 
 pub struct Stage<'a> {
     pub name: &'a Sp<String>,
-    pub kind: Arc<dyn StageKind>,
+    pub kind: Arc<dyn KindSignature>,
     pub spec: &'a StageSpec,
     pub inputs: Vec<Input>,
 }
@@ -151,7 +151,7 @@ impl<'a> Lowered<'a> {
     }
 }
 
-pub fn lower<'a>(spec: &'a PipelineFile, registry: &Registry, diags: &mut Vec<Diagnostic>) -> Lowered<'a> {
+pub fn lower<'a>(spec: &'a PipelineFile, registry: &dyn Kinds, diags: &mut Vec<Diagnostic>) -> Lowered<'a> {
     let mut out = Lowered { spec, entries: Vec::new(), by_name: Default::default(), broken: BTreeSet::new() };
     for (name, s) in spec.stages.iter() {
         let entry = match &s.loop_ {
@@ -182,9 +182,9 @@ pub fn lower<'a>(spec: &'a PipelineFile, registry: &Registry, diags: &mut Vec<Di
     out
 }
 
-fn lower_stage<'a>(name: &'a Sp<String>, s: &'a StageSpec, registry: &Registry, diags: &mut Vec<Diagnostic>) -> Option<Stage<'a>> {
+fn lower_stage<'a>(name: &'a Sp<String>, s: &'a StageSpec, registry: &dyn Kinds, diags: &mut Vec<Diagnostic>) -> Option<Stage<'a>> {
     let Some(kind_name) = &s.kind else {
-        let known = registry.names().collect::<Vec<_>>().join(", ");
+        let known = registry.names().join(", ");
         diags.push(
             Diagnostic::new(name.pos, format!("stage `{}` has no `kind`", name.value)).help(format!("add `kind:` (one of: {known})")),
         );
@@ -196,9 +196,9 @@ fn lower_stage<'a>(name: &'a Sp<String>, s: &'a StageSpec, registry: &Registry, 
                 .help("add a `loop:` block or move the stages to the top level"),
         );
     }
-    let Some(kind) = registry.get(&kind_name.value).cloned() else {
-        let help = did_you_mean(&kind_name.value, registry.names())
-            .unwrap_or_else(|| format!("known kinds: {}", registry.names().collect::<Vec<_>>().join(", ")));
+    let Some(kind) = registry.kind(&kind_name.value) else {
+        let help =
+            did_you_mean(&kind_name.value, registry.names()).unwrap_or_else(|| format!("known kinds: {}", registry.names().join(", ")));
         diags.push(Diagnostic::new(kind_name.pos, format!("unknown stage kind `{}`", kind_name.value)).help(help));
         return None;
     };
@@ -224,7 +224,7 @@ fn lower_loop<'a>(
     name: &'a Sp<String>,
     s: &'a StageSpec,
     l: &'a LoopSpec,
-    registry: &Registry,
+    registry: &dyn Kinds,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<Loop<'a>> {
     let before = diags.len();

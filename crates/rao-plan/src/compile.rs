@@ -10,7 +10,7 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use serde_json::Value;
 
 use crate::diag::{Diagnostic, Diagnostics};
-use crate::kind::Registry;
+use crate::kind::Kinds;
 use crate::plan_cache::PlanCache;
 use crate::spec::{PipelineFile, Pos, Resources, VariantFile};
 use serde::{Deserialize, Serialize};
@@ -35,9 +35,9 @@ pub struct Instance {
     pub stage: String,
     pub kind: String,
     pub kind_version: u32,
-    /// The kind's code version (see `StageKind::code_version`).
+    /// The kind's code version (see `KindSignature::code_version`).
     pub code: String,
-    /// What makes this instance's bits machine-dependent (see `StageKind::machine_profile`).
+    /// What makes this instance's bits machine-dependent (see `KindSignature::machine_profile`).
     pub machine: String,
     /// Params as written (placeholders substituted): what the stage receives.
     pub params: Value,
@@ -188,13 +188,13 @@ impl Compiled {
 
 /// Read, check and expand a pipeline file. `overrides` are `path.to.key=value` strings.
 /// A file with `extends` is a variant: another pipeline file plus the changes in its `set`.
-pub fn load(path: &Path, overrides: &[String], registry: &Registry) -> Result<Compiled, Diagnostics> {
+pub fn load(path: &Path, overrides: &[String], registry: &dyn Kinds) -> Result<Compiled, Diagnostics> {
     load_cached(path, overrides, registry, None)
 }
 
 /// Like [`load`], through a cache of compiled plans (see `plan_cache`): a file that compiled
 /// before, with the same overrides and the same rao, is read back instead of compiled again.
-pub fn load_cached(path: &Path, overrides: &[String], registry: &Registry, cache: Option<&PlanCache>) -> Result<Compiled, Diagnostics> {
+pub fn load_cached(path: &Path, overrides: &[String], registry: &dyn Kinds, cache: Option<&PlanCache>) -> Result<Compiled, Diagnostics> {
     let label = path.display().to_string();
     let text = read_pipeline_text(path).map_err(|m| Diagnostics {
         file: label.clone(),
@@ -311,7 +311,7 @@ fn resolve_variant(path: &Path, label: String, text: String, depth: usize) -> Re
 }
 
 /// Like [`load`], from text (`label` names it in errors).
-pub fn compile_str(label: &str, text: &str, base_dir: &Path, overrides: &[String], registry: &Registry) -> Result<Compiled, Diagnostics> {
+pub fn compile_str(label: &str, text: &str, base_dir: &Path, overrides: &[String], registry: &dyn Kinds) -> Result<Compiled, Diagnostics> {
     compile_given(label, text, base_dir, (overrides, &[]), registry)
 }
 
@@ -322,7 +322,7 @@ fn compile_given(
     text: &str,
     base_dir: &Path,
     (overrides, origins): (&[String], &[String]),
-    registry: &Registry,
+    registry: &dyn Kinds,
 ) -> Result<Compiled, Diagnostics> {
     let fail = |items: Vec<Diagnostic>| Diagnostics { file: label.to_string(), source: text.to_string(), items };
     let mut spec: PipelineFile = crate::parse::parse_all(text).map_err(fail)?;
