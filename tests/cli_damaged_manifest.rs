@@ -5,9 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-#[path = "support/chain.rs"]
-mod store_chain;
-use store_chain::*;
+use crate::support::chain::*;
 
 /// How many times each of a, b, c ran.
 fn runs(dir: &Path) -> [usize; 3] {

@@ -1,19 +1,11 @@
 //! End-to-end: the `rao` binary on real pipeline files, real processes and a real local store.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-#[path = "support/concurrent.rs"]
-mod concurrent;
-
-fn rao(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+use crate::support::concurrent;
+use crate::support::{rao, text};
 
 /// A chain a → b → c whose commands log each execution to `ran.log` and take a while.
 fn chain(dir: &Path) -> std::path::PathBuf {

@@ -66,9 +66,7 @@ stages:
 "#;
 
 fn rao(dir: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_rao"));
-    c.args(args).current_dir(dir);
-    c
+    crate::support::command(args, dir)
 }
 
 fn events(stdout: &[u8]) -> Vec<serde_json::Value> {

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use crate::support::{rao, text};
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -54,14 +55,6 @@ fn http_get(base: &str, path: &str) -> Option<(u16, String)> {
     s.read_to_string(&mut reply).ok()?;
     let code = reply.split_whitespace().nth(1)?.parse().ok()?;
     Some((code, reply.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
-}
-
-fn rao(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 /// instance → (output files and their blake3), from a local store's index and manifests.

@@ -8,13 +8,13 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-#[path = "support/concurrent.rs"]
-mod concurrent;
+use crate::support::concurrent;
+use crate::support::text;
 
 const SECRET: &str = "s3cr3t-never-printed-7f3a";
 
@@ -92,19 +92,13 @@ fn put_object(port: u16, bucket: &str, key: &str, file: &Path) {
 }
 
 fn rao(args: &[&str], dir: &Path, port: u16) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_rao"));
-    c.args(args)
-        .current_dir(dir)
-        .env("AWS_ACCESS_KEY_ID", "rao-test")
+    let mut c = crate::support::command(args, dir);
+    c.env("AWS_ACCESS_KEY_ID", "rao-test")
         .env("AWS_SECRET_ACCESS_KEY", SECRET)
         .env("AWS_REGION", "us-east-1")
         .env("AWS_ENDPOINT", format!("http://127.0.0.1:{port}"))
         .env("AWS_ALLOW_HTTP", "true");
     c
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 /// a → b (slow: it is where the run gets killed) → c; every stage appends to a local log.

@@ -3,16 +3,9 @@
 //! the in-process evaluation's (greedy); the official `openai` Python client talks to the server.
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn rao(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+use crate::support::{rao, text};
 
 const BASE: &str = r#"
 name: served

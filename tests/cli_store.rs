@@ -6,9 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-#[path = "support/chain.rs"]
-mod store_chain;
-use store_chain::*;
+use crate::support::chain::*;
 
 #[test]
 fn a_truncated_output_under_a_valid_manifest_is_recomputed_not_served() {

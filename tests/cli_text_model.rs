@@ -6,15 +6,8 @@
 //! update given trees in the environment's tokens is refused.
 
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn rao(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+use std::process::Command;
+use crate::support::{rao, text};
 
 /// The reference checkpoints (reference.py `make`), into `dir`.
 fn make_models(dir: &Path) {

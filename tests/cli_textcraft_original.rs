@@ -3,18 +3,10 @@
 //! a user meets with bad data, named in the user's files.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use rao_envs::textcraft::World;
 use rao_stages::tasks_io::tasks_from_parquet;
-
-fn rao(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+use crate::support::{rao, text};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/textcraft-original-fixture").canonicalize().unwrap()

@@ -4,16 +4,9 @@
 //! reached only warns: the run succeeds.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn rao(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+use crate::support::{rao, text};
 
 fn python() -> String {
     std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into())

@@ -2,10 +2,7 @@
 
 use std::path::Path;
 use std::process::Command;
-
-fn rao(args: &[&str], dir: &Path) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
-}
+use crate::support::rao;
 
 /// The main pipeline, shrunk to seconds.
 fn small_pipeline(dir: &Path) -> std::path::PathBuf {

@@ -3,20 +3,12 @@
 //! the engine, token in and token out (`policy: engine`). One server for the whole file: it
 //! takes about a minute to start on two cores.
 
-#[path = "support/vllm.rs"]
-mod vllm;
+use crate::support::vllm;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
-
-fn rao(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+use crate::support::{rao, text};
 
 /// The shared server (and the folder its model lives in), started by the first test that asks.
 /// Its log-probs are of the distribution sampled (the grammar's mask and the temperature

@@ -1,17 +1,9 @@
 //! What the store tests share: the a → b → c chain of `shell` stages (each logging that it ran),
 //! run in a temporary folder, and where its objects are.
-#![allow(dead_code)] // each test file uses some of these
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-pub fn rao(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rao")).args(args).current_dir(dir).output().expect("run rao")
-}
-
-pub fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+pub use super::{rao, text};
 
 /// a → b → c, each logging its execution to `ran.log`.
 pub fn chain(dir: &Path) -> PathBuf {
