@@ -5,7 +5,7 @@ use std::sync::Arc;
 use rao_pipeline::{Registry, Typed};
 
 /// Build-time code versions of the stage kinds (see build.rs).
-mod code {
+pub mod code {
     include!(concat!(env!("OUT_DIR"), "/code_versions.rs"));
 }
 pub mod envs;
@@ -35,6 +35,7 @@ pub fn registry() -> Registry {
 }
 pub mod advantage;
 pub mod chat_api;
+mod defaults;
 pub mod engine_launch;
 pub mod engine_policy;
 pub mod engine_version;
