@@ -2,12 +2,12 @@
 //! results equal the in-process executor's bit for bit, and a `rao run` killed while a stage's
 //! job runs re-attaches to that job instead of submitting it again.
 
+use crate::support::{rao, text};
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use crate::support::{rao, text};
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

@@ -2,10 +2,10 @@
 //! 127.0.0.1, an `evaluate` stage whose policy is that endpoint, and the trees it writes equal to
 //! the in-process evaluation's (greedy); the official `openai` Python client talks to the server.
 
+use crate::support::{rao, text};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use crate::support::{rao, text};
 
 const BASE: &str = r#"
 name: served

@@ -5,9 +5,9 @@
 //! on its own tokens (tests/text_policy.rs of rao-stages checks the gradient step itself); an
 //! update given trees in the environment's tokens is refused.
 
+use crate::support::{rao, text};
 use std::path::Path;
 use std::process::Command;
-use crate::support::{rao, text};
 
 /// The reference checkpoints (reference.py `make`), into `dir`.
 fn make_models(dir: &Path) {

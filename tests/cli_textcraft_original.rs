@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::support::{rao, text};
 use rao_envs::textcraft::World;
 use rao_stages::tasks_io::tasks_from_parquet;
-use crate::support::{rao, text};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/textcraft-original-fixture").canonicalize().unwrap()

@@ -3,10 +3,10 @@
 //! 127.0.0.1 started here (both from PyPI, installed by scripts/test). A tracker that cannot be
 //! reached only warns: the run succeeds.
 
+use crate::support::{rao, text};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use crate::support::{rao, text};
 
 fn python() -> String {
     std::env::var("RAO_PYTHON").unwrap_or_else(|_| "python3".into())

@@ -1,8 +1,8 @@
 //! The learning pipeline end to end, scaled down: it runs, it learns, and it is reproducible.
 
+use crate::support::rao;
 use std::path::Path;
 use std::process::Command;
-use crate::support::rao;
 
 /// The main pipeline, shrunk to seconds.
 fn small_pipeline(dir: &Path) -> std::path::PathBuf {

@@ -5,10 +5,10 @@
 
 use crate::support::vllm;
 
+use crate::support::{rao, text};
 use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
-use crate::support::{rao, text};
 
 /// The shared server (and the folder its model lives in), started by the first test that asks.
 /// Its log-probs are of the distribution sampled (the grammar's mask and the temperature

@@ -184,9 +184,89 @@ fn finish_tree(t: &TreeCtx) -> Vec<NodeRecord> {
         .collect()
 }
 
+/// Where a node's children go in the tree, and what each gets.
+struct ChildrenAt<'a> {
+    path: &'a [u32],
+    depth: u32,
+    /// The first child's index among its parent's children.
+    first_index: u32,
+    share: Option<u32>,
+    /// The parent's step that launched them.
+    spawn_step: i32,
+}
+
+/// Why a node may not launch `wanted` more children now, if it may not.
+fn spawn_refusal(tree: &TreeCtx, depth: u32, launched: u32, wanted: usize, share: Option<u32>) -> Option<Refusal> {
+    let limits = &tree.limits;
+    if depth + 1 > limits.max_depth {
+        Some(Refusal::Depth)
+    } else if launched + wanted as u32 > limits.max_children {
+        Some(Refusal::Children)
+    } else if tree.node_count.load(Ordering::SeqCst) + wanted as u32 > limits.max_nodes || share == Some(0) {
+        Some(Refusal::Nodes)
+    } else {
+        None
+    }
+}
+
+/// Start one task per goal, in order. The children take over their parent's active slot (plus
+/// k−1 more); the last of them to end hands it back.
+fn launch_children(b: &Batcher, tree: &Arc<TreeCtx>, at: ChildrenAt, goals: Vec<Vec<Tok>>) -> Vec<tokio::task::JoinHandle<Outcome>> {
+    tree.node_count.fetch_add(goals.len() as u32, Ordering::SeqCst);
+    let k = goals.len();
+    if k > 1 {
+        b.activate(k - 1);
+    }
+    let left = Arc::new(AtomicUsize::new(k));
+    goals
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let mut child_path = at.path.to_vec();
+            child_path.push(at.first_index + i as u32);
+            let family = Some(left.clone());
+            tokio::spawn(run_node(b.clone(), tree.clone(), child_path, at.depth + 1, g, at.share, Some(at.spawn_step), family))
+        })
+        .collect()
+}
+
+/// A text policy's node in its model's tokens (token in, token out): its context, what it was
+/// fed before each action, and whose tokens they are.
+#[derive(Default)]
+struct ModelView {
+    context: Vec<u32>,
+    fed: Vec<Vec<u32>>,
+    space: String,
+}
+
+impl ModelView {
+    /// An action's tokens: into the context, and into the turn as the record keeps them.
+    fn take(&mut self, turn: &mut Turn, m: crate::policy::ModelTokens) {
+        self.context.extend(&m.fed);
+        self.context.extend(&m.sampled);
+        turn.completion_ids = m.sampled;
+        turn.logprobs = m.logprobs;
+        self.fed.push(m.fed);
+        self.space = m.space.to_string();
+    }
+}
+
+/// A text policy's node in its model's tokens: each turn's observation as the model was fed it
+/// (what came before the next action; nothing after the last one). Returns the prompt it was fed.
+fn in_model_tokens(turns: &mut [Turn], mut model_fed: Vec<Vec<u32>>) -> Vec<u32> {
+    for (i, t) in turns.iter_mut().enumerate() {
+        t.observation_ids = model_fed.get(i + 1).cloned().unwrap_or_default();
+    }
+    model_fed.swap_remove(0)
+}
+
 /// A node's life. `budget`: steps for its whole subtree (shared budgets, `Limits::subtree_steps`).
 /// `siblings_left` counts unfinished siblings: the last one to end hands its active slot back to
 /// the parent so the parent is in the very next round.
+///
+/// Long on purpose: one loop over the node's steps, each reading and changing the same state
+/// (context, turns, counters, children's results, budgets); what stands alone is a function
+/// above (refusals, launching children, the model's view of the node).
 #[allow(clippy::too_many_arguments)]
 fn run_node(
     b: Batcher,
@@ -216,10 +296,7 @@ fn run_node(
         let mut children_launched: u32 = 0;
         let mut end_status = if context.len() >= limits.window { Some(NodeStatus::ContextOverflow) } else { None };
         let mut steps: u32 = 0;
-        // A text policy's context in its model's tokens, and what it was fed before each action.
-        let mut model_context: Vec<u32> = Vec::new();
-        let mut model_fed: Vec<Vec<u32>> = Vec::new();
-        let mut token_space = String::new();
+        let mut model = ModelView::default();
         // Steps the node's finished children's subtrees took (what they spent of `budget`).
         let mut descendant_steps: u32 = 0;
         while end_status.is_none() {
@@ -233,7 +310,7 @@ fn run_node(
                 max_new_tokens: limits.window - context.len(),
                 seed: request_seed(tree.spec.seed, &path, steps),
                 mode,
-                model_context: model_context.clone(),
+                model_context: model.context.clone(),
             };
             let (resp, ticket) = b.request((tree.idx, path.clone()), req).await;
             b.wait_turn(ticket).await;
@@ -246,13 +323,7 @@ fn run_node(
                 ..Default::default()
             };
             if let Some(m) = resp.model {
-                // A text policy: the record keeps its model's tokens (token in, token out).
-                model_context.extend(&m.fed);
-                model_context.extend(&m.sampled);
-                turn.completion_ids = m.sampled;
-                turn.logprobs = m.logprobs;
-                model_fed.push(m.fed);
-                token_space = m.space.to_string();
+                model.take(&mut turn, m);
             }
             if resp.tokens.last() != Some(&EOS) {
                 // The action did not fit in the window.
@@ -282,44 +353,13 @@ fn run_node(
                     // Shared budget: each child's share of what is left after this step, one
                     // step kept for the node itself.
                     let share = budget.map(|total| total.saturating_sub(steps + descendant_steps + 1) / goals.len().max(1) as u32);
-                    let refusal = if depth + 1 > limits.max_depth {
-                        Some(Refusal::Depth)
-                    } else if children_launched + goals.len() as u32 > limits.max_children {
-                        Some(Refusal::Children)
-                    } else if tree.node_count.load(Ordering::SeqCst) + goals.len() as u32 > limits.max_nodes || share == Some(0) {
-                        Some(Refusal::Nodes)
-                    } else {
-                        None
-                    };
-                    match refusal {
+                    match spawn_refusal(&tree, depth, children_launched, goals.len(), share) {
                         Some(why) => ep.refusal(why),
                         None => {
-                            tree.node_count.fetch_add(goals.len() as u32, Ordering::SeqCst);
-                            let k = goals.len();
-                            // The children take over this node's active slot (plus k−1 more).
-                            if k > 1 {
-                                b.activate(k - 1);
-                            }
-                            let left = Arc::new(AtomicUsize::new(k));
-                            let handles: Vec<_> = goals
-                                .into_iter()
-                                .enumerate()
-                                .map(|(i, g)| {
-                                    let mut child_path = path.clone();
-                                    child_path.push(children_launched + i as u32);
-                                    tokio::spawn(run_node(
-                                        b.clone(),
-                                        tree.clone(),
-                                        child_path,
-                                        depth + 1,
-                                        g,
-                                        share,
-                                        Some(steps as i32 - 1),
-                                        Some(left.clone()),
-                                    ))
-                                })
-                                .collect();
-                            children_launched += k as u32;
+                            let k = goals.len() as u32;
+                            let at = ChildrenAt { path: &path, depth, first_index: children_launched, share, spawn_step: steps as i32 - 1 };
+                            let handles = launch_children(&b, &tree, at, goals);
+                            children_launched += k;
                             b.end_turn(ticket);
                             let mut receipts = vec![OBS];
                             for h in handles {
@@ -329,7 +369,7 @@ fn run_node(
                                 }
                                 descendant_steps += child.subtree_steps;
                                 receipts.extend(ep.receipt(child.score, child.result.as_deref()));
-                                child_results.push(child.result.clone());
+                                child_results.push(child.result);
                             }
                             // Back in the rounds (the last child handed us its slot).
                             turn.observation = vocab.text(&receipts);
@@ -361,16 +401,13 @@ fn run_node(
         let status = end_status.unwrap_or(NodeStatus::StepBudget);
         let score = ep.verify(&goal, status == NodeStatus::Finished, result.as_deref(), &subtree);
         let generated: usize = turns.iter().map(|t| t.completion_ids.len()).sum();
-        let text = !model_fed.is_empty();
-        let (prompt_ids, context_tokens, token_space) = if text {
-            // Each turn's observation as the model was fed it: what came before the next action
-            // (nothing after the last one).
-            for (i, t) in turns.iter_mut().enumerate() {
-                t.observation_ids = model_fed.get(i + 1).cloned().unwrap_or_default();
+        let token_space = std::mem::take(&mut model.space);
+        let (prompt_ids, context_tokens) = match model.fed.is_empty() {
+            true => (prompt, context.len()),
+            false => {
+                let context_tokens = model.context.len();
+                (in_model_tokens(&mut turns, model.fed), context_tokens)
             }
-            (model_fed.swap_remove(0), model_context.len(), token_space)
-        } else {
-            (prompt, context.len(), token_space)
         };
         let rec = NodeRecord {
             run: tree.meta.run.clone(),

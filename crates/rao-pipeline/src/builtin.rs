@@ -128,7 +128,8 @@ async fn run_shell(ctx: StageContext) -> anyhow::Result<()> {
         .kill_on_drop(true);
     // In a process group of its own, so that what the command starts (`train & watch`) is killed
     // with it — `kill_on_drop` alone kills only `sh`. (A group, not a session: `setsid` would need
-    // a `pre_exec` hook, which makes the spawn a `fork` of all of rao, 0.3 ms a stage, measured.)
+    // a `pre_exec` hook, which makes the spawn a `fork` of all of rao: BENCHMARKS.md, "Where
+    // settings come from".)
     // The terminal's signals no longer reach it: rao handles Ctrl-C, SIGTERM and SIGHUP by
     // cancelling its stages (`interrupt.rs`), which kills their groups. A command that reads the
     // terminal (a password prompt) is stopped, as a background job is, until its timeout.

@@ -68,8 +68,22 @@ pub enum ExecError {
     Timeout(Duration),
     #[error("cancelled")]
     Cancelled,
+    /// The stage failed because an input's bytes are not what its manifest says.
+    #[error("{0}")]
+    InputDamaged(InputDamaged),
     #[error("{0:#}")]
     Failed(anyhow::Error),
+}
+
+impl ExecError {
+    /// A stage's own error, classified once here: a damaged input (which the executor repairs)
+    /// or any other failure.
+    fn of_stage(e: anyhow::Error) -> ExecError {
+        match e.downcast::<InputDamaged>() {
+            Ok(damaged) => ExecError::InputDamaged(damaged),
+            Err(e) => ExecError::Failed(e),
+        }
+    }
 }
 
 /// A manifest of `fp` that can be reused as it is: checked, every file present with its size, and
@@ -187,10 +201,10 @@ async fn run_attempts(
         };
         let result = match inst.timeout {
             Some(t) => match tokio::time::timeout(t, fut).await {
-                Ok(r) => r.map_err(ExecError::Failed),
+                Ok(r) => r.map_err(ExecError::of_stage),
                 Err(_) => Err(ExecError::Timeout(t)),
             },
-            None => fut.await.map_err(ExecError::Failed),
+            None => fut.await.map_err(ExecError::of_stage),
         };
         // A stage that ended well is published even if Ctrl-C came meanwhile; one that failed
         // then is cancelled (not retried).
@@ -212,10 +226,9 @@ async fn run_attempts(
             }
             // A damaged input is set aside and recomputed, then the stage starts over (this is
             // not one of its retries). Bounded: a producer that keeps writing bad bytes fails.
-            Err(ExecError::Failed(e)) if e.downcast_ref::<InputDamaged>().is_some() && repairs < 3 => {
+            Err(ExecError::InputDamaged(damaged)) if repairs < 3 => {
                 repairs += 1;
                 attempt -= 1;
-                let damaged = e.downcast_ref::<InputDamaged>().unwrap().clone();
                 reporter.emit(Event::Damaged {
                     instance: damaged.producer.clone(),
                     fingerprint: damaged.fingerprint.clone(),
@@ -355,8 +368,8 @@ pub async fn execute_by_name(
     run_id: &str,
     reporter: &Reporter,
     cancel: CancellationToken,
-) -> anyhow::Result<Manifest> {
-    let (i, resolved) = resolve_by_name(c, store, name).await?;
+) -> Result<Manifest, ExecError> {
+    let (i, resolved) = resolve_by_name(c, store, name).await.map_err(ExecError::Failed)?;
     let (parts, inputs) = match resolved {
         Resolved::Done { manifest, .. } => return Ok(manifest),
         Resolved::Ready { parts, inputs } => (parts, inputs),

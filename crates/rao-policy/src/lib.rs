@@ -19,7 +19,8 @@ pub use policy::{Backend, Checkpoint, Loss, Policy, SampleRequest, Sequence, Ste
 
 /// Keep freed tensor buffers in the process. The CPU backend allocates a fresh buffer for every
 /// op; glibc hands blocks above its mmap threshold back to the OS on free, so each training step
-/// paid for mmap/munmap and a page fault per 4 KiB touched (update step 227 → 163 ms). The
+/// paid for mmap/munmap and a page fault per 4 KiB touched (BENCHMARKS.md, "Where settings
+/// come from"). The
 /// threshold stops at 32 MiB, and a thread's own arena maps larger blocks whatever the settings
 /// (the text warm start's attention probabilities are ~100 MiB: 46 k page faults a step), so
 /// every thread allocates from the main heap, which grows and is never mapped per block.

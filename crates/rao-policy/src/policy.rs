@@ -351,6 +351,8 @@ impl Policy {
         on_compute_pool(|| self.decode_here(reqs, cache, &mut choose))
     }
 
+    // Long on purpose: prefill and the decode steps share one KV cache, the prefix cache's rows
+    // and each row's position and tokens; split apart, every piece would take all of them.
     fn decode_here(
         &self,
         reqs: &[SampleRequest],

@@ -16,15 +16,12 @@ pub struct AdvantageParams {
     pub lambda: f64,
     #[serde(default = "loo")]
     pub baseline: Baseline,
-    #[serde(default = "yes")]
+    #[serde(default = "crate::defaults::yes")]
     pub depth_weighting: bool,
 }
 
 fn loo() -> Baseline {
     Baseline::LeaveOneOut
-}
-fn yes() -> bool {
-    true
 }
 
 pub struct Advantage;

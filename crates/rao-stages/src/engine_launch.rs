@@ -27,7 +27,7 @@ pub struct EngineLaunch {
     /// relative to the pipeline file's folder.
     pub model: PathBuf,
     /// How many servers to start (each a port of 127.0.0.1).
-    #[serde(default = "one")]
+    #[serde(default = "crate::defaults::one_usize")]
     pub servers: usize,
     /// More server arguments, after rao's own (`--model`, `--served-model-name`, `--host`,
     /// `--port`, and for a checkpoint of LoRA adapters `--enable-lora --max-lora-rank R
@@ -45,9 +45,6 @@ pub struct EngineLaunch {
     pub start_timeout_s: u64,
 }
 
-fn one() -> usize {
-    1
-}
 fn start_timeout() -> u64 {
     900
 }

@@ -34,10 +34,10 @@ pub struct EvaluateParams {
     #[serde(default)]
     pub limits: LimitParams,
     /// Sampling temperature (0 = greedy).
-    #[serde(default = "one")]
+    #[serde(default = "crate::defaults::one_f64")]
     pub temperature: f64,
     /// Attempts per task.
-    #[serde(default = "one_usize")]
+    #[serde(default = "crate::defaults::one_usize")]
     pub group_size: usize,
     #[serde(default)]
     pub backend: rao_policy::Backend,
@@ -64,12 +64,6 @@ fn checkpoint() -> PolicyKind {
 }
 fn modes() -> Vec<Mode> {
     vec![Mode::Recursive, Mode::Flat]
-}
-fn one() -> f64 {
-    1.0
-}
-fn one_usize() -> usize {
-    1
 }
 
 /// One row of the evaluation table.

@@ -115,16 +115,10 @@ pub fn needs_checkpoint(policy: PolicyKind, inputs: &[&str]) -> Option<rao_pipel
 pub use rao_core::tree::Mode;
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct ExpertParams {
-    #[serde(default = "one")]
     pub delegate: f64,
-    #[serde(default)]
     pub noise: f64,
-}
-
-fn one() -> f64 {
-    1.0
 }
 
 impl Default for ExpertParams {
@@ -135,52 +129,33 @@ impl Default for ExpertParams {
 
 /// Budgets shared by rollout-like stages.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct LimitParams {
-    #[serde(default = "default_window")]
     pub window: usize,
     /// Steps per node; default 25 recursive, 200 flat.
-    #[serde(default)]
     pub step_budget: Option<u32>,
     /// Steps of a recursive tree's root, if not `step_budget` (the long-document reference
     /// settings: root 15, children 25).
-    #[serde(default)]
     pub root_step_budget: Option<u32>,
-    #[serde(default = "default_depth")]
     pub max_depth: u32,
-    #[serde(default = "default_children")]
     pub max_children: u32,
-    #[serde(default = "default_nodes")]
     pub max_nodes: u32,
     /// The paper's shared step budget for a recursive tree: the root's steps for its whole
     /// subtree, a share of what is left reserved for each child it launches (see
     /// `rao_agent::Limits::subtree_steps`). Absent: every node has its own `step_budget`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub subtree_steps: Option<u32>,
-}
-
-fn default_window() -> usize {
-    96
-}
-fn default_depth() -> u32 {
-    6
-}
-fn default_children() -> u32 {
-    8
-}
-fn default_nodes() -> u32 {
-    512
 }
 
 impl Default for LimitParams {
     fn default() -> Self {
         LimitParams {
-            window: default_window(),
+            window: 96,
             step_budget: None,
             root_step_budget: None,
-            max_depth: default_depth(),
-            max_children: default_children(),
-            max_nodes: default_nodes(),
+            max_depth: 6,
+            max_children: 8,
+            max_nodes: 512,
             subtree_steps: None,
         }
     }
@@ -244,7 +219,7 @@ pub struct RolloutParams {
     #[serde(default)]
     pub expert: ExpertParams,
     /// Sampling temperature of a learned policy (1 = its own distribution).
-    #[serde(default = "one")]
+    #[serde(default = "crate::defaults::one_f64")]
     pub temperature: f64,
     #[serde(default)]
     pub backend: rao_policy::Backend,

@@ -68,8 +68,7 @@ impl From<&str> for ServeError {
 }
 
 /// Requests answered together at most when the model runs on a GPU backend: there one batched
-/// pass costs about what one request's does (BENCHMARKS.md, H200: generation at batch 64 gives
-/// 10.8× the tokens/s of batch 1).
+/// pass costs about what one request's does (BENCHMARKS.md, "GPU: Qwen3-0.6B shape").
 pub const GPU_MAX_BATCH: usize = 64;
 
 /// How many requests a server answers together by default: [`GPU_MAX_BATCH`] on a GPU backend,

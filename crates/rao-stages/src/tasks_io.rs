@@ -84,15 +84,11 @@ pub fn read_task_file(world: &World, path: &std::path::Path) -> anyhow::Result<V
 struct TaskLine {
     id: Option<String>,
     target: String,
-    #[serde(default = "one")]
+    #[serde(default = "crate::defaults::one_u32")]
     count: u32,
     inventory: Vec<(String, u32)>,
     #[serde(default)]
     band: Option<String>,
-}
-
-fn one() -> u32 {
-    1
 }
 
 pub fn tasks_from_jsonl(world: &World, text: &str) -> anyhow::Result<Vec<Task>> {

@@ -23,7 +23,7 @@ pub struct UpdateParams {
     #[serde(default = "default_lr")]
     pub lr: f64,
     /// Gradient steps over the batch (1 = RAO's one step per batch).
-    #[serde(default = "one")]
+    #[serde(default = "crate::defaults::one_usize")]
     pub steps: usize,
     /// Sequences per gradient step (0 = all).
     #[serde(default)]
@@ -44,9 +44,6 @@ fn default_loss() -> Loss {
 }
 fn default_lr() -> f64 {
     5e-4
-}
-fn one() -> usize {
-    1
 }
 fn temp() -> f64 {
     1.0

@@ -21,28 +21,22 @@ use crate::text_policy::{TextForm, TextPolicy, text_grammar};
 use crate::training::{node_sequence, read_trees};
 
 #[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct DemoParams {
     /// Recursive demonstration trees per task.
-    #[serde(default = "two")]
     pub recursive_trees: usize,
     /// Flat demonstration trees per task.
-    #[serde(default = "one")]
     pub flat_trees: usize,
     /// Probability that a recursive node delegates (the strategy the warm start imitates).
-    #[serde(default = "half")]
     pub delegate: f64,
     /// Probability of a useless action at each step.
-    #[serde(default = "tenth")]
     pub noise: f64,
     /// Rename at random (consistently within each sequence) every time a demonstration is used,
     /// so the policy learns to read and copy names rather than memorise them: items (TextCraft),
     /// speakers and spells (long documents), entities and relations (multi-hop).
-    #[serde(default = "yes")]
     pub rename_items: bool,
     /// With `rename_items`: also move every name up by a random number of tiers (order kept), so
     /// the policy learns to copy tier tokens no demonstration reaches (held-out Hard targets).
-    #[serde(default = "yes")]
     pub shift_tiers: bool,
 }
 
@@ -53,17 +47,14 @@ impl Default for DemoParams {
 }
 
 #[derive(Debug, Deserialize, serde::Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct GateParams {
     /// Node success the policy must reach on held-out shallow tasks.
-    #[serde(default = "gate")]
     pub min_node_success: f64,
     /// Fail the stage if the gate is not reached (else only record it).
-    #[serde(default = "yes")]
     pub required: bool,
     /// When the gate is never reached, write the checkpoint of the gate check that scored best
     /// rather than the last one (held-out success can fall while the training loss still does).
-    #[serde(default)]
     pub keep_best: bool,
 }
 
@@ -108,24 +99,6 @@ pub struct WarmstartParams {
     pub gate: GateParams,
 }
 
-fn one() -> usize {
-    1
-}
-fn two() -> usize {
-    2
-}
-fn half() -> f64 {
-    0.5
-}
-fn tenth() -> f64 {
-    0.1
-}
-fn gate() -> f64 {
-    0.9
-}
-fn yes() -> bool {
-    true
-}
 fn lr() -> f64 {
     2e-3
 }
@@ -140,6 +113,84 @@ fn max_steps() -> usize {
 }
 fn every() -> usize {
     250
+}
+
+/// What the warm start trains: the `checkpoint` input's model (in text for a language model),
+/// or none (a new model is made), with the grammar its actions follow.
+struct Start {
+    policy: Option<Policy>,
+    tokenizer: Option<Arc<TextTokenizer>>,
+    grammar: Arc<dyn rao_envs::grammar::Grammar>,
+    form: Option<TextForm>,
+}
+
+async fn start(ctx: &StageContext, set: &dyn TaskSet, p: &WarmstartParams) -> anyhow::Result<Start> {
+    let (policy, tokenizer) = match ctx.inputs.contains_key("checkpoint") {
+        true => {
+            let LoadedModel { policy, tokenizer } = load_model(ctx, "checkpoint", p.backend).await?;
+            (Some(policy), tokenizer)
+        }
+        false => (None, None),
+    };
+    let env_grammar = set.grammar(p.limits.max_children as usize);
+    let (grammar, form): (Arc<dyn rao_envs::grammar::Grammar>, Option<TextForm>) = match (&policy, &tokenizer) {
+        (Some(policy), Some(t)) => {
+            let grammar = text_grammar(policy, t, env_grammar.as_ref())?;
+            let form = TextForm::new(t.clone(), set.episode(0), grammar.stop())?;
+            (Arc::new(grammar), Some(form))
+        }
+        _ => (env_grammar, None),
+    };
+    Ok(Start { policy, tokenizer, grammar, form })
+}
+
+/// A gate check at the current step: held-out node and root success into `st`, its line, the
+/// curves and a note.
+async fn check_gate(
+    ctx: &StageContext,
+    gate_set: &dyn TaskSet,
+    policy: &Policy,
+    tokenizer: Option<&Arc<TextTokenizer>>,
+    p: &WarmstartParams,
+    st: &mut LoopState,
+) -> anyhow::Result<()> {
+    (st.node_success, st.root_success) = gate_check(gate_set, Arc::new(policy.clone()), tokenizer, &p.limits, ctx.seed).await?;
+    st.lines.push_str(&format!(
+        "step {} loss {:.4} gate node_success {:.3} root_success {:.3}\n",
+        st.step, st.loss, st.node_success, st.root_success
+    ));
+    ctx.record("gate_node_success", st.step as u64, st.node_success);
+    ctx.record("gate_root_success", st.step as u64, st.root_success);
+    let verdict = if st.node_success >= p.gate.min_node_success { "passed" } else { "not yet" };
+    ctx.note(format!(
+        "gate at step {}: node success {:.3} (gate {}: {verdict}), root success {:.3}, loss {:.4}",
+        st.step, st.node_success, p.gate.min_node_success, st.root_success, st.loss
+    ));
+    Ok(())
+}
+
+/// The sequences the warm start imitates: the scripted expert's trees of every task (recursive
+/// and flat, as many of each as `demos` says), and the successful nodes of `demo_trees` if given.
+async fn demonstrations(ctx: &StageContext, set: &dyn TaskSet, p: &WarmstartParams) -> anyhow::Result<Vec<Sequence>> {
+    let all = set.all();
+    let spec = ExpertSpec { delegate: p.demos.delegate, noise: p.demos.noise, seed: ctx.seed };
+    let expert = set.expert(spec, &p.limits.limits(Mode::Recursive));
+    let mut seqs = Vec::new();
+    for (mode, g) in [(Mode::Recursive, p.demos.recursive_trees), (Mode::Flat, p.demos.flat_trees)] {
+        if g == 0 {
+            continue;
+        }
+        let trees = rollout_trees(set, &all, expert.clone(), mode, g, p.limits.limits(mode), RunMeta::default(), ctx.seed).await;
+        seqs.extend(trees.iter().flatten().map(|n| node_sequence(n, 1.0)).filter(|s| s.generated.iter().any(|g| *g)));
+    }
+    if ctx.inputs.contains_key("demo_trees") {
+        let from_trees = demos_from_trees(set, &read_trees(ctx, "demo_trees").await?)?;
+        ctx.set_metric("demo_sequences_from_trees", from_trees.len() as f64);
+        seqs.extend(from_trees);
+    }
+    anyhow::ensure!(!seqs.is_empty(), "no demonstrations: the expert made none (trees 0) and `demo_trees` holds no successful node");
+    ctx.set_metric("demo_sequences", seqs.len() as f64);
+    Ok(seqs)
 }
 
 /// Demonstrations from trees any policy made (e.g. `policy: openai` evaluations): every node
@@ -221,6 +272,22 @@ struct LoopState {
     lines: String,
     /// (node success, root success, step) of the best gate check kept so far.
     best: Option<(f64, f64, usize)>,
+}
+
+impl LoopState {
+    /// Before the first step, over `n` sequences.
+    fn fresh(seed: u64, n: usize) -> LoopState {
+        LoopState {
+            step: 0,
+            rng: Rng::new(seed ^ 0x5EED).state(),
+            order: (0..n).collect(),
+            node_success: 0.0,
+            root_success: 0.0,
+            loss: f64::NAN,
+            lines: String::new(),
+            best: None,
+        }
+    }
 }
 
 const PROGRESS: &str = "warmstart.progress";
@@ -312,50 +379,16 @@ impl TypedStage for Warmstart {
     }
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
 
+    // The training loop shares the policy, its state and the best checkpoint with the resume
+    // before it and the gate's verdict after it; what stands alone is a function below
+    // (demonstrations, the starting model, a gate check).
     fn run(ctx: StageContext, p: WarmstartParams) -> BoxFuture<'static, anyhow::Result<()>> {
         Box::pin(async move {
             let set = envs::load(&ctx, "tasks").await?;
             let gate_set = envs::load(&ctx, "gate_tasks").await?;
             anyhow::ensure!(set.env() == gate_set.env(), "`tasks` are {} tasks but `gate_tasks` are {}", set.env(), gate_set.env());
-            let all = set.all();
-            let spec = ExpertSpec { delegate: p.demos.delegate, noise: p.demos.noise, seed: ctx.seed };
-            let expert = set.expert(spec, &p.limits.limits(Mode::Recursive));
-            let mut seqs = Vec::new();
-            for (mode, g) in [(Mode::Recursive, p.demos.recursive_trees), (Mode::Flat, p.demos.flat_trees)] {
-                if g == 0 {
-                    continue;
-                }
-                let trees =
-                    rollout_trees(set.as_ref(), &all, expert.clone(), mode, g, p.limits.limits(mode), RunMeta::default(), ctx.seed).await;
-                seqs.extend(trees.iter().flatten().map(|n| node_sequence(n, 1.0)).filter(|s| s.generated.iter().any(|g| *g)));
-            }
-            if ctx.inputs.contains_key("demo_trees") {
-                let from_trees = demos_from_trees(set.as_ref(), &read_trees(&ctx, "demo_trees").await?)?;
-                ctx.set_metric("demo_sequences_from_trees", from_trees.len() as f64);
-                seqs.extend(from_trees);
-            }
-            anyhow::ensure!(
-                !seqs.is_empty(),
-                "no demonstrations: the expert made none (trees 0) and `demo_trees` holds no successful node"
-            );
-            ctx.set_metric("demo_sequences", seqs.len() as f64);
-            // A model to start from (in text for a language model), or a new one.
-            let (start, tokenizer) = match ctx.inputs.contains_key("checkpoint") {
-                true => {
-                    let LoadedModel { policy, tokenizer } = load_model(&ctx, "checkpoint", p.backend).await?;
-                    (Some(policy), tokenizer)
-                }
-                false => (None, None),
-            };
-            let env_grammar = set.grammar(p.limits.max_children as usize);
-            let (grammar, form): (Arc<dyn rao_envs::grammar::Grammar>, Option<TextForm>) = match (&start, &tokenizer) {
-                (Some(policy), Some(t)) => {
-                    let grammar = text_grammar(policy, t, env_grammar.as_ref())?;
-                    let form = TextForm::new(t.clone(), set.episode(0), grammar.stop())?;
-                    (Arc::new(grammar), Some(form))
-                }
-                _ => (env_grammar, None),
-            };
+            let seqs = demonstrations(&ctx, set.as_ref(), &p).await?;
+            let Start { policy: start, tokenizer, grammar, form } = start(&ctx, set.as_ref(), &p).await?;
             // A checkpoint back as a policy (progress saved by an earlier attempt).
             let restore = |ck: &Checkpoint| -> anyhow::Result<Policy> {
                 match (&start, &ck.meta.lora) {
@@ -391,17 +424,7 @@ impl TypedStage for Warmstart {
                             Policy::new(ModelConfig { vocab: set.vocab().len(), ..model }, p.backend, ctx.seed)?
                         }
                     };
-                    let state = LoopState {
-                        step: 0,
-                        rng: Rng::new(ctx.seed ^ 0x5EED).state(),
-                        order: (0..seqs.len()).collect(),
-                        node_success: 0.0,
-                        root_success: 0.0,
-                        loss: f64::NAN,
-                        lines: String::new(),
-                        best: None,
-                    };
-                    (policy, state, None)
+                    (policy, LoopState::fresh(ctx.seed, seqs.len()), None)
                 }
             };
             ctx.set_metric("params", policy.model.num_params() as f64);
@@ -455,19 +478,7 @@ impl TypedStage for Warmstart {
                     ctx.cancellation_point().await?;
                     if gate_now {
                         let checkpoint = policy.checkpoint();
-                        (st.node_success, st.root_success) =
-                            gate_check(gate_set.as_ref(), Arc::new(policy.clone()), tokenizer.as_ref(), &p.limits, ctx.seed).await?;
-                        st.lines.push_str(&format!(
-                            "step {} loss {:.4} gate node_success {:.3} root_success {:.3}\n",
-                            st.step, st.loss, st.node_success, st.root_success
-                        ));
-                        ctx.record("gate_node_success", st.step as u64, st.node_success);
-                        ctx.record("gate_root_success", st.step as u64, st.root_success);
-                        let verdict = if st.node_success >= p.gate.min_node_success { "passed" } else { "not yet" };
-                        ctx.note(format!(
-                            "gate at step {}: node success {:.3} (gate {}: {verdict}), root success {:.3}, loss {:.4}",
-                            st.step, st.node_success, p.gate.min_node_success, st.root_success, st.loss
-                        ));
+                        check_gate(&ctx, gate_set.as_ref(), &policy, tokenizer.as_ref(), &p, &mut st).await?;
                         std::fs::write(&log, &st.lines)?;
                         if p.gate.keep_best && best.as_ref().is_none_or(|b| st.node_success >= b.0) {
                             best = Some((st.node_success, st.root_success, st.step, checkpoint));

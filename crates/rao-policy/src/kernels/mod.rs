@@ -2,7 +2,7 @@
 //! SwiGLU, RMSNorm, target log-probabilities), each with a handwritten backward pass, plugged
 //! into Burn as a backend extension for the Flex CPU backend. Burn's decomposed ops ran these as
 //! 5–10 separate passes with a fresh (zeroed, then realigned) buffer each, plus head split/merge
-//! copies; the update step is 2.2–2.8× faster through the kernels (BENCHMARKS.md, session 7).
+//! copies (what the kernels gain: BENCHMARKS.md, "fused CPU kernels").
 //!
 //! The functions here pick the path per tensor: the fused kernels on Flex (with or without
 //! autodiff), the decomposed Burn ops on every other backend (wgpu) or when [`set_enabled`] (or
