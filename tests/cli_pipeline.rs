@@ -833,6 +833,21 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     let rec = out.lines().find(|l| l.starts_with("| eval (expert) | recursive | medium |")).unwrap();
     assert!(!rec.contains('*'), "the recursive expert solves all in both: {rec}");
     assert!(out.contains("B (cmp-wide) seed 2 (eval): `rao run b.yaml --set seed=2`"), "{out}");
+    // Bands as columns: a row per pipeline, evaluation and mode, the same cells.
+    let by_band = rao(&["compare", "a.yaml", "b.yaml", "--seeds", "1,2", "--metric", "success", "--columns", "bands"], dir.path());
+    let by_band = String::from_utf8_lossy(&by_band.stdout).to_string();
+    assert!(by_band.contains("| | evaluation | mode | medium |\n|---|---|---|---|\n"), "{by_band}");
+    assert!(by_band.contains("| A | eval (expert) | flat | 0.00 [0.00, 0.00] |\n"), "{by_band}");
+    assert!(by_band.contains("| B | eval (expert) | flat | 1.00 [0.68, 1.00] ** (seed 1) |\n"), "{by_band}");
+    assert_eq!(by_band.lines().filter(|l| l.starts_with("| A | eval") || l.starts_with("| B | eval")).count(), 4, "{by_band}");
+    let nope = rao(&["compare", "a.yaml", "--evaluation", "eval,nope"], dir.path());
+    assert!(
+        !nope.status.success() && text(&nope).contains("--evaluation nope: a.yaml has no evaluation of that name; its evaluations: eval"),
+        "{}",
+        text(&nope)
+    );
+    let csv_bands = rao(&["compare", "a.yaml", "--columns", "bands", "--format", "csv"], dir.path());
+    assert!(!csv_bands.status.success() && text(&csv_bands).contains("--columns lays out the Markdown table"), "{}", text(&csv_bands));
     assert_eq!(objects(), before, "compare runs nothing");
     // A variant that keeps its base's `name:` and lacks seed 2: only its own row says so.
     std::fs::write(dir.path().join("c.yaml"), "extends: a.yaml\nname: cmp\nset:\n  params.window: 128\n").unwrap();
@@ -863,6 +878,84 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     assert!(!twice.status.success() && text(&twice).contains("seed 1 is given twice"), "{}", text(&twice));
     let bad = rao(&["compare", "a.yaml", "--metric", "sucess"], dir.path());
     assert!(!bad.status.success() && text(&bad).contains("unknown metric `sucess`"), "{}", text(&bad));
+}
+
+/// `rao results` rewrites a document's `<!-- rao compare … -->` blocks from the store: it leaves a
+/// block whose runs are missing as it is (and says which), `--run` runs them first, text outside
+/// the blocks is kept byte for byte, `--check` fails on a table edited by hand, and a broken
+/// block is an error at its line that changes nothing.
+#[test]
+fn results_regenerates_the_tables_of_a_document_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = "name: res\nseed: 1\nparams: {window: 96}\nstages:\n  \
+        tasks: {kind: synthesize, params: {bands: [medium], per_band: 8, split: validation, world_seed: 1}}\n  \
+        eval: {kind: evaluate, inputs: {tasks: tasks.tasks}, params: {policy: expert, label: expert, modes: [recursive, flat], limits: {window: \"${params.window}\", max_depth: 6, max_children: 4}}}\n";
+    std::fs::write(dir.path().join("a.yaml"), base).unwrap();
+    std::fs::write(dir.path().join("b.yaml"), "extends: a.yaml\nname: res-wide\nset:\n  params.window: 640\n").unwrap();
+    std::fs::create_dir(dir.path().join("docs")).unwrap();
+    let doc = dir.path().join("docs/results.md");
+    let original = "# Results\n\nThe window, measured:\n\n<!-- rao compare ../a.yaml ../b.yaml --seeds 1,2 --metric success -->\n\
+        | typed | by hand |\n<!-- end rao compare -->\n\nWhat it shows.\n";
+    std::fs::write(&doc, original).unwrap();
+    let results = |args: &[&str]| rao(&[&["results", "docs/results.md"], args].concat(), dir.path());
+
+    // Nothing in the store: the block stays, the four runs are named, and the exit says so.
+    let o = results(&[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("docs/results.md:5: left as it is: 4 runs are not in the store"), "{}", text(&o));
+    assert!(text(&o).contains("rao run docs/../b.yaml --set seed=2"), "{}", text(&o));
+    assert_eq!(std::fs::read_to_string(&doc).unwrap(), original);
+
+    let o = results(&["--run"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let written = std::fs::read_to_string(&doc).unwrap();
+    let table = String::from_utf8_lossy(&rao(&["compare", "a.yaml", "b.yaml", "--seeds", "1,2", "--metric", "success"], dir.path()).stdout)
+        .replace("`a.yaml`", "`../a.yaml`")
+        .replace("`b.yaml`", "`../b.yaml`");
+    let expected = original.replace("| typed | by hand |\n", &format!("\n{table}\n"));
+    assert_eq!(written, expected, "the block holds compare's table, everything else as it was");
+    assert!(written.contains("| eval (expert) | flat | medium | 0.00 [0.00, 0.00] | 1.00"), "{written}");
+
+    // Current: --check passes and a second rewrite changes nothing.
+    assert!(results(&["--check"]).status.success());
+    let o = results(&[]);
+    assert!(o.status.success() && text(&o).contains("1 block, 0 rewritten"), "{}", text(&o));
+    // A number edited by hand is found; --check writes nothing.
+    let edited = written.replace("| flat | medium | 0.00 [0.00, 0.00] |", "| flat | medium | 0.01 [0.00, 0.00] |");
+    std::fs::write(&doc, &edited).unwrap();
+    let o = results(&["--check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("docs/results.md:5: the table differs from what the store gives"), "{}", text(&o));
+    assert_eq!(std::fs::read_to_string(&doc).unwrap(), edited);
+    assert!(results(&[]).status.success());
+    assert_eq!(std::fs::read_to_string(&doc).unwrap(), written);
+
+    // Broken blocks: located, nothing written.
+    for (bad, says) in [
+        (written.replace("<!-- end rao compare -->\n", ""), "docs/results.md:5: this block is never closed"),
+        (written.replace("--metric success", "--metric sucess"), "docs/results.md:5: unknown metric `sucess`"),
+        (written.replace("--seeds 1,2", "--seeds 1,2 --format csv"), "docs/results.md:5: `rao compare"),
+        (written.replace("../b.yaml", "../c.yaml"), "docs/results.md:5:"),
+    ] {
+        std::fs::write(&doc, &bad).unwrap();
+        let o = results(&[]);
+        assert_eq!(o.status.code(), Some(2), "{bad}\n{}", text(&o));
+        assert!(text(&o).contains(says), "{says}: {}", text(&o));
+        assert_eq!(std::fs::read_to_string(&doc).unwrap(), bad);
+    }
+}
+
+/// The project's own generated tables are well-formed: every block of the README and RESULTS.md
+/// parses, names pipeline files that compile and metrics that exist (`--check` is 0 or 1, never
+/// an error), whatever this checkout's store holds.
+#[test]
+fn the_documents_generated_tables_are_well_formed() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let o = rao(&["results", "--check", "README.md", "RESULTS.md"], &root);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", text(&o));
+    for doc in ["README.md", "RESULTS.md"] {
+        assert!(text(&o).lines().any(|l| l.starts_with(&format!("{doc}: ")) && l.contains(" would change")), "{doc}: {}", text(&o));
+    }
 }
 
 /// Evaluation trees hold both modes of every task: in DuckDB each node has a unique key, run,

@@ -46,6 +46,10 @@ enum Command {
     /// evaluation metric with 95% intervals and a significance mark against the first pipeline.
     /// Reads the store only; `rao run` produces what is missing (the commands are printed).
     Compare(commands::compare::CompareArgs),
+    /// Rewrite the tables of a results document from the store: each `<!-- rao compare ARGS -->`
+    /// block gets that comparison's table. --run first runs what the store lacks; --check only
+    /// says whether the tables are current.
+    Results(commands::results::ResultsArgs),
     /// Print where a finished stage instance's artifacts are (a local path, or a URL in the store).
     Path(commands::plan::PathArgs),
     /// Print the JSON Schema of pipeline files.
@@ -116,6 +120,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Inspect(a) => commands::inspect::inspect(a, registry).await,
         Command::Report(a) => commands::report::report(a, registry).await,
         Command::Compare(a) => commands::compare::compare(a, registry).await,
+        Command::Results(a) => commands::results::results(a, registry).await,
         Command::Verify(a) => commands::maintenance::verify(a, registry).await,
         Command::Gc(a) => commands::maintenance::gc(a, registry).await,
         Command::Schema => {

@@ -50,7 +50,34 @@ fn md_escape(s: &str) -> String {
     s.replace('|', "\\|")
 }
 
-pub fn markdown(cmp: &Comparison) -> String {
+/// How a Markdown comparison is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// A row per (evaluation, mode, band), a column per pipeline: for reading differences.
+    #[default]
+    Pipelines,
+    /// A row per (pipeline, evaluation, mode), a column per band: the shape of a results table.
+    Bands,
+}
+
+pub fn markdown(cmp: &Comparison, layout: Layout) -> String {
+    let mut s = header(cmp);
+    let metrics: Vec<Metric> = Metric::ALL.into_iter().filter(|m| cmp.cells.iter().any(|c| c.metric == *m)).collect();
+    if metrics.is_empty() {
+        s.push_str("\nNo evaluation results of these pipelines are in the store (compare reads what their `evaluate` stages measured).\n");
+    }
+    for m in metrics {
+        match layout {
+            Layout::Pipelines => by_pipeline(&mut s, cmp, m),
+            Layout::Bands => by_band(&mut s, cmp, m),
+        }
+    }
+    footer(&mut s, cmp);
+    s
+}
+
+/// The pipelines compared and the parameters where they differ.
+fn header(cmp: &Comparison) -> String {
     let n = cmp.pipelines.len();
     let mut s = String::from("| | pipeline | file | seeds |\n|---|---|---|---|\n");
     for (i, (name, file, seeds)) in cmp.pipelines.iter().enumerate() {
@@ -67,34 +94,63 @@ pub fn markdown(cmp: &Comparison) -> String {
             let _ = writeln!(s, "| `{}` |{}", d.path, vals.concat());
         }
     }
-    let metrics: Vec<Metric> = Metric::ALL.into_iter().filter(|m| cmp.cells.iter().any(|c| c.metric == *m)).collect();
-    if metrics.is_empty() {
-        s.push_str("\nNo evaluation results of these pipelines are in the store (compare reads what their `evaluate` stages measured).\n");
-    }
-    for m in metrics {
-        let _ = write!(s, "\n**{}**\n\n| evaluation | mode | band |{}\n|---|---|---|{}\n", m.name(), head(n), "---|".repeat(n));
-        let mut keys: Vec<(&str, rao_core::Mode, &str)> = Vec::new();
-        for c in cmp.cells.iter().filter(|c| c.metric == m) {
-            let k = (c.evaluation.as_str(), c.mode, c.band.as_str());
-            if !keys.contains(&k) {
-                keys.push(k);
-            }
-        }
-        for (ev, mode, band) in keys {
-            let row: Vec<&Cell> =
-                cmp.cells.iter().filter(|c| c.metric == m && c.evaluation == ev && c.mode == mode && c.band == band).collect();
-            let mut labels: Vec<&str> = row.iter().map(|c| c.label.as_str()).collect();
-            labels.dedup();
-            let cols: String = (0..n)
-                .map(|a| {
-                    let asked = cmp.pipelines[a].2.len();
-                    let cell = row.iter().find(|c| c.arm == a);
-                    format!(" {} |", cell.map(|c| shown(c, asked)).unwrap_or_else(|| "—".into()))
-                })
-                .collect();
-            let _ = writeln!(s, "| {} ({}) | {} | {} |{cols}", md_escape(ev), md_escape(&labels.join(" / ")), mode, md_escape(band));
+    s
+}
+
+/// Distinct values of `key` over the cells of `metric`, in the order they first appear.
+fn distinct<'a, K: PartialEq>(cmp: &'a Comparison, metric: Metric, key: impl Fn(&'a Cell) -> K) -> Vec<K> {
+    let mut keys = Vec::new();
+    for c in cmp.cells.iter().filter(|c| c.metric == metric) {
+        let k = key(c);
+        if !keys.contains(&k) {
+            keys.push(k);
         }
     }
+    keys
+}
+
+/// An evaluation's name with the labels its cells carry.
+fn evaluation_text(cells: &[&Cell], evaluation: &str) -> String {
+    let mut labels: Vec<&str> = cells.iter().map(|c| c.label.as_str()).collect();
+    labels.dedup();
+    format!("{} ({})", md_escape(evaluation), md_escape(&labels.join(" / ")))
+}
+
+fn by_pipeline(s: &mut String, cmp: &Comparison, m: Metric) {
+    let n = cmp.pipelines.len();
+    let _ = write!(s, "\n**{}**\n\n| evaluation | mode | band |{}\n|---|---|---|{}\n", m.name(), head(n), "---|".repeat(n));
+    for (ev, mode, band) in distinct(cmp, m, |c| (c.evaluation.as_str(), c.mode, c.band.as_str())) {
+        let row: Vec<&Cell> =
+            cmp.cells.iter().filter(|c| c.metric == m && c.evaluation == ev && c.mode == mode && c.band == band).collect();
+        let cols: String = (0..n)
+            .map(|a| {
+                let asked = cmp.pipelines[a].2.len();
+                let cell = row.iter().find(|c| c.arm == a);
+                format!(" {} |", cell.map(|c| shown(c, asked)).unwrap_or_else(|| "—".into()))
+            })
+            .collect();
+        let _ = writeln!(s, "| {} | {} | {} |{cols}", evaluation_text(&row, ev), mode, md_escape(band));
+    }
+}
+
+fn by_band(s: &mut String, cmp: &Comparison, m: Metric) {
+    let bands = distinct(cmp, m, |c| c.band.as_str());
+    let band_head: String = bands.iter().map(|b| format!(" {} |", md_escape(b))).collect();
+    let _ = write!(s, "\n**{}**\n\n| | evaluation | mode |{band_head}\n|---|---|---|{}\n", m.name(), "---|".repeat(bands.len()));
+    let mut rows = distinct(cmp, m, |c| (c.arm, c.evaluation.as_str(), c.mode));
+    rows.sort_by_key(|(arm, _, _)| *arm);
+    for (arm, ev, mode) in rows {
+        let row: Vec<&Cell> = cmp.cells.iter().filter(|c| c.metric == m && c.arm == arm && c.evaluation == ev && c.mode == mode).collect();
+        let asked = cmp.pipelines[arm].2.len();
+        let cols: String = bands
+            .iter()
+            .map(|b| format!(" {} |", row.iter().find(|c| c.band == *b).map(|c| shown(c, asked)).unwrap_or_else(|| "—".into())))
+            .collect();
+        let _ = writeln!(s, "| {} | {} | {} |{cols}", letter(arm), evaluation_text(&row, ev), mode);
+    }
+}
+
+fn footer(s: &mut String, cmp: &Comparison) {
     s.push_str(
         "\nBrackets: 95% intervals — Wilson over the tasks for one seed's success rate, Student's t over seeds where there \
          are several. Marks: a difference from A, two-sided, * p < 0.05, ** p < 0.01 (Welch's t-test over seeds where both \
@@ -109,7 +165,6 @@ pub fn markdown(cmp: &Comparison) -> String {
             let _ = writeln!(s, "- {} ({}) seed {} ({}): `{}`", letter(m.arm), m.pipeline, m.seed, m.instances.join(", "), m.command);
         }
     }
-    s
 }
 
 fn head(n: usize) -> String {

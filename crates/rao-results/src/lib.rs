@@ -4,6 +4,7 @@
 
 pub mod compare;
 pub mod compare_out;
+pub mod doc_blocks;
 pub mod html;
 pub mod plots;
 pub mod results;

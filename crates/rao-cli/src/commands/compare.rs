@@ -19,14 +19,63 @@ pub struct CompareArgs {
     pub store: Option<String>,
     #[arg(long, value_enum, default_value = "markdown")]
     pub format: CompareFormat,
+    /// Markdown's columns: one per pipeline (rows per evaluation, mode and band), or one per band
+    /// (rows per pipeline, evaluation and mode: the shape of a results table).
+    #[arg(long, value_enum, default_value = "pipelines")]
+    pub columns: Columns,
     /// Only these metrics (comma-separated): success, mean_score, mean_depth, mean_nodes,
     /// steps_per_task, tokens_per_task, overflow_rate, seconds_per_task. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub metric: Vec<String>,
+    /// Only these evaluations (`evaluate` stages, by name; comma-separated). Default: all.
+    #[arg(long, value_delimiter = ',')]
+    pub evaluation: Vec<String>,
 }
 
 pub async fn compare(args: CompareArgs, registry: Registry) -> anyhow::Result<ExitCode> {
-    let CompareArgs { pipelines, set, seeds, store, format, metric } = args;
+    let (format, columns) = (args.format, args.columns);
+    if columns != Columns::Pipelines && !matches!(format, CompareFormat::Markdown) {
+        anyhow::bail!("--columns lays out the Markdown table; CSV and JSON have a row per cell");
+    }
+    let cmp = gather(&args, std::path::Path::new(""), &registry).await?.comparison;
+    print!(
+        "{}",
+        match format {
+            CompareFormat::Markdown => rao_results::compare_out::markdown(&cmp, columns.layout()),
+            CompareFormat::Csv => rao_results::compare_out::csv(&cmp),
+            CompareFormat::Json => rao_results::compare_out::json(&cmp),
+        }
+    );
+    for m in cmp.missing.iter().filter(|_| !matches!(format, CompareFormat::Markdown)) {
+        eprintln!(
+            "missing: {} (file {}) seed {} ({}): run `{}`",
+            m.pipeline,
+            cmp.pipelines[m.arm].1,
+            m.seed,
+            m.instances.join(", "),
+            m.command
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A comparison read from the store, and the pipeline as run (file, overrides, store) of each
+/// arm and seed: what `rao run` needs to produce a missing one.
+pub(crate) struct Gathered {
+    pub comparison: rao_results::compare::Comparison,
+    pub runs: Vec<Vec<(u64, PipelineArgs)>>,
+}
+
+impl Gathered {
+    /// The pipeline whose run a missing entry names.
+    pub fn pipeline_of(&self, m: &rao_results::compare::Missing) -> Option<&PipelineArgs> {
+        self.runs.get(m.arm)?.iter().find(|(seed, _)| *seed == m.seed).map(|(_, p)| p)
+    }
+}
+
+/// `args`' comparison; relative pipeline files are read from `base` (shown as written).
+pub(crate) async fn gather(args: &CompareArgs, base: &std::path::Path, registry: &Registry) -> anyhow::Result<Gathered> {
+    let CompareArgs { pipelines, set, seeds, store, metric, evaluation, .. } = args;
     // A seed given twice would count one run as two independent ones.
     if let Some(seed) = seeds.iter().enumerate().find_map(|(i, s)| seeds[..i].contains(s).then_some(s)) {
         anyhow::bail!("--seeds: seed {seed} is given twice; each seed counts once (e.g. `--seeds 1,2,3`)");
@@ -48,30 +97,37 @@ pub async fn compare(args: CompareArgs, registry: Registry) -> anyhow::Result<Ex
             })
             .collect::<anyhow::Result<_>>()?,
     };
-    let mut arms = Vec::new();
-    for file in &pipelines {
-        arms.push(compare_arm(file, &set, &seeds, store.as_deref(), &registry).await?);
-    }
-    let cmp = rao_results::compare::compare(&arms, &metrics);
-    print!(
-        "{}",
-        match format {
-            CompareFormat::Markdown => rao_results::compare_out::markdown(&cmp),
-            CompareFormat::Csv => rao_results::compare_out::csv(&cmp),
-            CompareFormat::Json => rao_results::compare_out::json(&cmp),
+    let (mut arms, mut runs) = (Vec::new(), Vec::new());
+    for file in pipelines {
+        let (mut arm, arm_runs) = compare_arm(file, base, set, seeds, store.as_deref(), registry).await?;
+        if !evaluation.is_empty() {
+            keep_evaluations(&mut arm, evaluation)?;
         }
-    );
-    for m in cmp.missing.iter().filter(|_| !matches!(format, CompareFormat::Markdown)) {
-        eprintln!(
-            "missing: {} (file {}) seed {} ({}): run `{}`",
-            m.pipeline,
-            cmp.pipelines[m.arm].1,
-            m.seed,
-            m.instances.join(", "),
-            m.command
-        );
+        arms.push(arm);
+        runs.push(arm_runs);
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Gathered { comparison: rao_results::compare::compare(&arms, &metrics), runs })
+}
+
+/// Keep the evaluations named (and what is missing of them); a name no seed's pipeline has is an
+/// error that lists the ones it has.
+fn keep_evaluations(arm: &mut rao_results::compare::Arm, names: &[String]) -> anyhow::Result<()> {
+    let has = |run: &rao_results::compare::SeedRun, name: &str| {
+        run.evaluations.iter().any(|(e, _)| e == name) || run.missing.iter().any(|e| e == name)
+    };
+    for name in names {
+        if let Some(run) = arm.runs.iter().find(|r| !has(r, name)) {
+            let mut known: Vec<&str> =
+                run.evaluations.iter().map(|(e, _)| e.as_str()).chain(run.missing.iter().map(String::as_str)).collect();
+            known.sort_unstable();
+            anyhow::bail!("--evaluation {name}: {} has no evaluation of that name; its evaluations: {}", arm.file, known.join(", "));
+        }
+    }
+    for run in &mut arm.runs {
+        run.evaluations.retain(|(e, _)| names.contains(e));
+        run.missing.retain(|e| names.contains(e));
+    }
+    Ok(())
 }
 
 #[derive(Copy, Clone, ValueEnum)]
@@ -81,28 +137,46 @@ pub enum CompareFormat {
     Json,
 }
 
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
+pub enum Columns {
+    Pipelines,
+    Bands,
+}
+
+impl Columns {
+    pub fn layout(self) -> rao_results::compare_out::Layout {
+        match self {
+            Columns::Pipelines => rao_results::compare_out::Layout::Pipelines,
+            Columns::Bands => rao_results::compare_out::Layout::Bands,
+        }
+    }
+}
+
 /// One pipeline of `rao compare`: its evaluations for every seed, read from the store.
 async fn compare_arm(
     file: &std::path::Path,
+    base: &std::path::Path,
     set: &[String],
     seeds: &[u64],
     store: Option<&str>,
     registry: &Registry,
-) -> anyhow::Result<rao_results::compare::Arm> {
+) -> anyhow::Result<(rao_results::compare::Arm, Vec<(u64, PipelineArgs)>)> {
     let seeds: Vec<Option<u64>> = if seeds.is_empty() { vec![None] } else { seeds.iter().copied().map(Some).collect() };
-    let mut runs = Vec::new();
+    let (mut runs, mut pipelines) = (Vec::new(), Vec::new());
     let (mut name, mut resolved) = (String::new(), serde_json::Value::Null);
     for seed in seeds {
         let mut overrides = set.to_vec();
         overrides.extend(seed.map(|s| format!("seed={s}")));
-        let p = PipelineArgs { pipeline: file.to_path_buf(), set: overrides, store: store.map(str::to_string) };
+        let p = PipelineArgs { pipeline: base.join(file), set: overrides, store: store.map(str::to_string) };
         let (c, st) = load_read_only(&p, registry)?;
         let (evaluations, missing) = rao_results::results::evaluations(&c, &st).await?;
         if resolved.is_null() {
             (name, resolved) = (c.name.clone(), (*c.resolved).clone());
         }
         let command = run_command(&p);
-        runs.push(rao_results::compare::SeedRun { seed: c.resolved["seed"].as_u64().unwrap_or(0), evaluations, missing, command });
+        let seed = c.resolved["seed"].as_u64().unwrap_or(0);
+        runs.push(rao_results::compare::SeedRun { seed, evaluations, missing, command });
+        pipelines.push((seed, p));
     }
-    Ok(rao_results::compare::Arm { file: file.display().to_string(), name, resolved, runs })
+    Ok((rao_results::compare::Arm { file: file.display().to_string(), name, resolved, runs }, pipelines))
 }

@@ -5,6 +5,7 @@ pub mod inspect;
 pub mod maintenance;
 pub mod plan;
 pub mod report;
+pub mod results;
 pub mod run;
 pub mod serve;
 
