@@ -803,17 +803,25 @@ fn plan_and_status_fold_loops_and_count() {
     assert!(mermaid.contains("subgraph loop_train") && mermaid.contains(":::run"), "{mermaid}");
 }
 
+/// `a.yaml` (`NAME`: the scripted expert evaluated on 8 Medium tasks, recursive and flat, at a
+/// 96-token window) and its variant `b.yaml` (`NAME-wide`: a 640-token window, where flat fits).
+fn window_variants(dir: &Path, name: &str) {
+    let base = format!(
+        "name: {name}\nseed: 1\nparams: {{window: 96}}\nstages:\n  \
+        tasks: {{kind: synthesize, params: {{bands: [medium], per_band: 8, split: validation, world_seed: 1}}}}\n  \
+        eval: {{kind: evaluate, inputs: {{tasks: tasks.tasks}}, params: {{policy: expert, label: expert, modes: [recursive, flat], limits: {{window: \"${{params.window}}\", max_depth: 6, max_children: 4}}}}}}\n"
+    );
+    std::fs::write(dir.join("a.yaml"), base).unwrap();
+    std::fs::write(dir.join("b.yaml"), format!("extends: a.yaml\nname: {name}-wide\nset:\n  params.window: 640\n")).unwrap();
+}
+
 /// `rao compare` reads the store: parameters that differ, every metric per pipeline with
 /// intervals and a significance mark, in markdown, CSV and JSON; what is missing is named with
 /// the command that produces it, and nothing runs.
 #[test]
 fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     let dir = tempfile::tempdir().unwrap();
-    let base = "name: cmp\nseed: 1\nparams: {window: 96}\nstages:\n  \
-        tasks: {kind: synthesize, params: {bands: [medium], per_band: 8, split: validation, world_seed: 1}}\n  \
-        eval: {kind: evaluate, inputs: {tasks: tasks.tasks}, params: {policy: expert, label: expert, modes: [recursive, flat], limits: {window: \"${params.window}\", max_depth: 6, max_children: 4}}}\n";
-    std::fs::write(dir.path().join("a.yaml"), base).unwrap();
-    std::fs::write(dir.path().join("b.yaml"), "extends: a.yaml\nname: cmp-wide\nset:\n  params.window: 640\n").unwrap();
+    window_variants(dir.path(), "cmp");
     for (file, seed) in [("a.yaml", "1"), ("a.yaml", "2"), ("b.yaml", "1")] {
         let o = rao(&["run", file, "--set", &format!("seed={seed}")], dir.path());
         assert!(o.status.success(), "{}", text(&o));
@@ -887,11 +895,7 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
 #[test]
 fn results_regenerates_the_tables_of_a_document_from_the_store() {
     let dir = tempfile::tempdir().unwrap();
-    let base = "name: res\nseed: 1\nparams: {window: 96}\nstages:\n  \
-        tasks: {kind: synthesize, params: {bands: [medium], per_band: 8, split: validation, world_seed: 1}}\n  \
-        eval: {kind: evaluate, inputs: {tasks: tasks.tasks}, params: {policy: expert, label: expert, modes: [recursive, flat], limits: {window: \"${params.window}\", max_depth: 6, max_children: 4}}}\n";
-    std::fs::write(dir.path().join("a.yaml"), base).unwrap();
-    std::fs::write(dir.path().join("b.yaml"), "extends: a.yaml\nname: res-wide\nset:\n  params.window: 640\n").unwrap();
+    window_variants(dir.path(), "res");
     std::fs::create_dir(dir.path().join("docs")).unwrap();
     let doc = dir.path().join("docs/results.md");
     let original = "# Results\n\nThe window, measured:\n\n<!-- rao compare ../a.yaml ../b.yaml --seeds 1,2 --metric success -->\n\
