@@ -86,6 +86,11 @@ async fn document(doc: &std::path::Path, args: &ResultsArgs, registry: &Registry
     }
     let changed = bodies.iter().filter(|b| b.is_some()).count();
     if !args.check && changed > 0 {
+        // `--run` can take hours: an edit made meanwhile is kept, not overwritten (the runs are
+        // in the store, so running again only rewrites the tables).
+        if std::fs::read_to_string(doc).ok().as_deref() != Some(text.as_str()) {
+            anyhow::bail!("{}: changed while its tables were computed; nothing written: run `rao results` again", doc.display());
+        }
         write_atomically(doc, &doc_blocks::splice(&text, &blocks, &bodies))?;
     }
     let verb = if args.check { "would change" } else { "rewritten" };
