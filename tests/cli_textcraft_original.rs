@@ -106,6 +106,39 @@ fn the_original_pipeline_runs_end_to_end_on_the_fixture() {
     assert_eq!(splits, [(3, false), (10, true), (12, false)], "training draws of 3, all 12 for demonstrations, 10 validation");
 }
 
+#[test]
+fn the_stand_in_made_from_minecraft_recipes_runs_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("minecraft.yaml");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../pipelines/textcraft-minecraft.yaml"), &p).unwrap();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/minecraft-data");
+    assert!(data.join("recipes.json").is_file(), "{}: run scripts/minecraft-data (the test command does)", data.display());
+    let data = format!("params.minecraft_data={}", data.canonicalize().unwrap().display());
+    let mut args = vec!["--set", &data, "--set", "stages.files.params.train=40", "--set", "stages.files.params.validation=12"];
+    args.extend(SHRINK);
+    let run = [&["run", p.to_str().unwrap()][..], &args].concat();
+    let o = rao(&run, dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let report = text(&rao(&[&["report", p.to_str().unwrap()][..], &args].concat(), dir.path()));
+    let row = |label: &str, mode: &str| -> Vec<String> {
+        let line = report
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq([label, mode]))
+            .unwrap_or_else(|| panic!("no {label} {mode} row: {report}"));
+        line.split_whitespace().map(str::to_string).collect()
+    };
+    assert_eq!(row("gold", "flat")[2..5], ["textcraft_val", "12", "1.00"], "{report}");
+    for (label, mode) in [("expert", "recursive"), ("rao", "recursive"), ("rao", "flat"), ("warmstart", "recursive")] {
+        assert_eq!(row(label, mode)[2..4], ["textcraft_val", "12"], "{report}");
+    }
+    // The files it made are the authors' layout, where `rao path` says.
+    let files = text(&rao(&[&["path", p.to_str().unwrap(), "files"][..], &args].concat(), dir.path()));
+    let folder = PathBuf::from(files.trim());
+    let stick: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(folder.join("recipes/stick.json")).unwrap()).unwrap();
+    assert_eq!(stick["key"]["#"]["tag"], "minecraft:planks", "{stick}");
+    assert_eq!(std::fs::read_to_string(folder.join("textcraft_val.jsonl")).unwrap().lines().count(), 12);
+}
+
 /// Just the dataset and one `textcraft_files` stage reading it.
 fn loader(dir: &Path, url: &str) -> PathBuf {
     let p = dir.join("load.yaml");

@@ -15,12 +15,14 @@ pub mod rollout;
 pub mod synthesize;
 pub mod tasks_io;
 pub mod textcraft_files;
+pub mod textcraft_minecraft;
 
 /// Every stage kind this build of rao knows: the engine's built-ins plus the RL kinds.
 pub fn registry() -> Registry {
     let mut r = Registry::with_builtins();
     r.register(Arc::new(Typed::<synthesize::Synthesize>::default()));
     r.register(Arc::new(Typed::<textcraft_files::TextCraftFiles>::default()));
+    r.register(Arc::new(Typed::<textcraft_minecraft::TextCraftMinecraft>::default()));
     r.register(Arc::new(Typed::<rollout::Rollout>::default()));
     r.register(Arc::new(Typed::<warmstart::Warmstart>::default()));
     r.register(Arc::new(Typed::<judge::Judge>::default()));
