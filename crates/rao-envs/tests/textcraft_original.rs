@@ -404,3 +404,31 @@ fn deep_chains_and_long_loops_neither_panic_nor_run_away() {
     assert_eq!(l.world.item(id(&l.world, "c40")).tier, 40);
     assert!(l.report.items_on_loops.len() == 200);
 }
+
+/// Warm-start renaming in a world of the original's files: a permutation within a tier and word
+/// count (a renamed demonstration keeps its length), tags and their members never move, and
+/// something does move.
+#[test]
+fn renaming_keeps_tier_and_word_count_and_leaves_tags_alone() {
+    let w = load("textcraft_train.jsonl").world;
+    let in_tag: std::collections::HashSet<u32> = w.items.iter().flat_map(|i| i.members.clone()).collect();
+    let mut moved = 0;
+    for seed in 0..20 {
+        let map = w.random_renaming_same_shape(&mut rao_envs::rng::Rng::new(seed));
+        let mut images: Vec<u32> = map.values().copied().collect();
+        images.sort();
+        images.dedup();
+        assert_eq!(images.len(), map.len(), "distinct names stay distinct");
+        for it in &w.items {
+            let to = w.item(*map.get(&it.id).unwrap_or(&it.id));
+            if it.is_tag() || in_tag.contains(&it.id) {
+                assert_eq!(to.id, it.id, "{} is a tag or a tag's member", it.name);
+            }
+            assert_eq!((to.tier, to.tokens.len()), (it.tier, it.tokens.len()), "{} → {}", it.name, to.name);
+            moved += usize::from(to.id != it.id);
+        }
+        let text: Vec<_> = w.items.iter().flat_map(|i| i.tokens.clone()).collect();
+        assert_eq!(w.rename_tokens(&text, &map).len(), text.len());
+    }
+    assert!(moved > 0, "the fixture has items to swap");
+}

@@ -32,11 +32,13 @@ pub struct DemoParams {
     /// Probability of a useless action at each step.
     pub noise: f64,
     /// Rename at random (consistently within each sequence) every time a demonstration is used,
-    /// so the policy learns to read and copy names rather than memorise them: items (TextCraft),
-    /// speakers and spells (long documents), entities and relations (multi-hop).
+    /// so the policy learns to read and copy names rather than memorise them: items (TextCraft;
+    /// in worlds of the original's files within a tier and word count, tags and their members
+    /// kept), speakers and spells (long documents), entities and relations (multi-hop).
     pub rename_items: bool,
     /// With `rename_items`: also move every name up by a random number of tiers (order kept), so
     /// the policy learns to copy tier tokens no demonstration reaches (held-out Hard targets).
+    /// Synthetic worlds only: the original's tiers differ in size.
     pub shift_tiers: bool,
 }
 

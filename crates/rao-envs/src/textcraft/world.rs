@@ -451,6 +451,26 @@ impl World {
         map
     }
 
+    /// A random renaming for worlds of the original TextCraft's files, whose names have any
+    /// number of words: every item takes the name of another of the same tier and word count,
+    /// so a renamed sequence keeps its length (masks still line up). Tags and their members keep
+    /// their names: which items satisfy a tag is written in their names (`oak planks` is a
+    /// `planks`), and renaming them would teach a rule the world does not have.
+    pub fn random_renaming_same_shape(&self, rng: &mut crate::rng::Rng) -> HashMap<ItemId, ItemId> {
+        let in_tag: std::collections::HashSet<ItemId> = self.items.iter().flat_map(|i| i.members.iter().copied()).collect();
+        let mut groups: std::collections::BTreeMap<(u32, usize), Vec<ItemId>> = std::collections::BTreeMap::new();
+        for it in self.items.iter().filter(|i| !i.is_tag() && !in_tag.contains(&i.id)) {
+            groups.entry((it.tier, it.tokens.len())).or_default().push(it.id);
+        }
+        let mut map = HashMap::new();
+        for ids in groups.values() {
+            let mut targets = ids.clone();
+            rng.shuffle(&mut targets);
+            map.extend(ids.iter().copied().zip(targets));
+        }
+        map
+    }
+
     /// Rewrite every item name in `toks` through `renaming`.
     pub fn rename_tokens(&self, toks: &[Tok], renaming: &HashMap<ItemId, ItemId>) -> Vec<Tok> {
         let mut out = Vec::with_capacity(toks.len());

@@ -92,11 +92,13 @@ impl TaskSet for TextCraftTasks {
     /// Items renamed at random, consistently within the sequence (names keep their token counts,
     /// so masks still line up); with `shift`, every name also moves up by a random number of
     /// tiers (order kept), so the policy learns to copy tier tokens no demonstration reaches.
-    /// Worlds of the original TextCraft are not renamed (their names have any number of words).
+    /// Worlds of the original TextCraft rename within a tier and word count and never shift
+    /// (their tiers differ in size; see [`World::random_renaming_same_shape`]).
     fn augment(&self, s: &Sequence, shift: bool, rng: &mut Rng) -> Sequence {
         let world = &self.world;
         if world.rules == Rules::Original {
-            return s.clone();
+            let map = world.random_renaming_same_shape(rng);
+            return Sequence { tokens: world.rename_tokens(&s.tokens, &map), ..s.clone() };
         }
         let shift = if shift {
             let top = world.items.iter().map(|i| i.tier).max().unwrap_or(0);
