@@ -280,3 +280,38 @@ fn the_engine_pipeline_starts_vllm_itself_and_no_server_outlives_the_run() {
     let trees = rao_core::parquet_io::nodes_from_parquet(std::fs::read(dir.path().join(path)).unwrap().into()).unwrap();
     assert!(!trees.is_empty() && trees.iter().all(|n| n.policy_version == 1), "rollout@3 samples with update 1's adapter");
 }
+
+/// An engine rao started that dies mid-run is named in the stage's error with the first exception
+/// its log holds. The death is a real one: vLLM's CPU build cannot rewind a seeded request's
+/// sampler when it splits a prompt over two steps (chunked prefill, forced here by a 64-token
+/// step budget), which is why the pipeline file turns chunked prefill off.
+#[test]
+fn an_engine_that_dies_is_named_in_the_error_with_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = vllm::tiny_model(dir.path());
+    let pipeline = vllm::root().join("pipelines/bring-your-own-model-engine.yaml");
+    let model_arg = format!("params.model={}", model.display());
+    let mut args = vec!["run", pipeline.to_str().unwrap(), "--store", "store"];
+    for set in [
+        model_arg.as_str(),
+        "params.demo_per_band=4",
+        "params.warmstart_steps=10",
+        "params.gate_per_band=2",
+        "params.train_per_band=2",
+        "params.group_size=2",
+        "params.eval_per_band=2",
+        "stages.train.loop.max_iterations=1",
+        r#"params.engine.launch.args=[--dtype, float32, --enforce-eager, --max-model-len, "4096", --max-num-batched-tokens, "64", --max-num-seqs, "8"]"#,
+    ] {
+        args.extend(["--set", set]);
+    }
+    let o = rao(&args, dir.path());
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    let failed = out.lines().find(|l| l.contains("FAILED   rollout@1")).unwrap_or_else(|| panic!("rollout@1 did not fail:\n{out}"));
+    for part in
+        ["the engine rao started at http://127.0.0.1:", "exited (", "its log is ", "RuntimeError: CPU Generator does not use offset"]
+    {
+        assert!(failed.contains(part), "no `{part}` in: {failed}");
+    }
+}

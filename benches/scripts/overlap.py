@@ -4,7 +4,7 @@ own, from a run's own stage times.
     overlap.py RUN_RECORD.json [RUN_RECORD.json ...]
 
 For each run of a pipeline shaped like the main job's loop (train_tasks → rollout → judge →
-advantage → update, heldout every N), with lag K (read from the run's overrides): the loop's
+advantage → update, heldout every N), with lag K (read from the run's resolved pipeline): the loop's
 makespan when rollouts and evaluations run on a generation device and updates on a learning
 device (synthesize, judge and advantage on spare cores), scheduled greedily in order, with the
 run's own stage durations — once with the synchronous edges (rollout i reads update i−1) and once
@@ -12,7 +12,6 @@ with the run's lag (rollout i reads update i−1−K). The ratio is the overlap'
 work; on one 2-core machine the same stages compete for the cores instead.
 """
 import json
-import re
 import sys
 
 DEVICE = {"rollout": "generate", "evaluate": "generate", "update": "learn"}
@@ -54,11 +53,8 @@ def makespan(durations, kinds, lag):
 
 for path in sys.argv[1:]:
     rec = json.load(open(path))
-    lag = 0
-    for o in rec["overrides"]:
-        m = re.fullmatch(r"stages\.train\.loop\.lag\.behaviour\.by=(\d+)", o)
-        if m:
-            lag = int(m.group(1))
+    # The lag the run used: its resolved pipeline's (a file's own `lag`, or one set by --set).
+    lag = int(((rec.get("resolved") or {}).get("stages", {}).get("train", {}).get("loop", {}).get("lag") or {}).get("behaviour", {}).get("by", 0))
     body = [i for i in rec["instances"] if "@" in i["name"] and i.get("started_at") and i.get("finished_at")]
     durations = {i["name"]: i["finished_at"] - i["started_at"] for i in body}
     kinds = {i["name"]: i["kind"] for i in body}

@@ -57,7 +57,16 @@ impl Vllm {
         let mut cmd = Command::new(python("RAO_VLLM_PYTHON", "the engine's Python (scripts/engine-tools)"));
         cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
             .arg(model)
-            .args(["--served-model-name", served, "--dtype", "float32", "--max-model-len", "4096", "--enforce-eager"])
+            .args([
+                "--served-model-name",
+                served,
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "4096",
+                "--enforce-eager",
+                "--no-enable-chunked-prefill",
+            ])
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(extra)
             .env("VLLM_CPU_KVCACHE_SPACE", "1")

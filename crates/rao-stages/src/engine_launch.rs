@@ -134,6 +134,36 @@ pub async fn urls(launch: &EngineLaunch, base_dir: &Path, served_name: &str, lor
     Ok(urls)
 }
 
+/// Why requests to `urls` may have failed: for each server among them that rao started and
+/// that has exited since, its exit status, its log's path and the last error line the log holds
+/// (vLLM writes its cause far above the shutdown noise at the end).
+pub fn exited(urls: &[String]) -> Vec<String> {
+    let Ok(mut engines) = ENGINES.try_lock() else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in engines.iter_mut() {
+        for (url, server) in e.urls.iter().zip(e.servers.iter_mut()) {
+            if let (true, Ok(Some(status))) = (urls.contains(url), server.child.try_wait()) {
+                let log = std::fs::read_to_string(&server.log).unwrap_or_default();
+                let cause = first_exception(&log).map(|e| format!(", the first exception in it `{e}`")).unwrap_or_default();
+                out.push(format!("the engine rao started at {url} exited ({status}); its log is {}{cause}", server.log.display()));
+            }
+        }
+    }
+    out
+}
+
+/// The first `SomethingError: …` or `SomethingException: …` a log reports, without the log
+/// line's prefix: the cause, where later ones (vLLM's `EngineDeadError`) are consequences.
+fn first_exception(log: &str) -> Option<&str> {
+    log.lines().find_map(|line| {
+        // vLLM's lines: `(Worker pid=N) ERROR date time [file:line] RuntimeError: …`.
+        let message = line.rsplit_once("] ").map_or(line, |(_, m)| m).trim();
+        let (name, _) = message.split_once(": ")?;
+        let is_type = !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '.');
+        (is_type && (name.ends_with("Error") || name.ends_with("Exception"))).then_some(message)
+    })
+}
+
 /// Stops every server this process started (the end of a run).
 pub async fn stop_all() {
     let launched = std::mem::take(&mut *ENGINES.lock().await);
@@ -235,4 +265,19 @@ fn answers(url: &str) -> bool {
     }
     let mut head = [0u8; 12];
     s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_exception;
+
+    #[test]
+    fn the_first_exception_of_a_log_is_its_cause() {
+        let log = "WARNING [x.py:1] limits can cause errors like `OSError: [Errno 24] Too many open files`\n\
+                   (Worker pid=1) ERROR 12-06 19:43:06 [m.py:10] Traceback (most recent call last):\n\
+                   (Worker pid=1) ERROR 12-06 19:43:06 [m.py:10] RuntimeError: CPU Generator does not use offset\n\
+                   (APIServer pid=2) ERROR 12-06 19:43:06 [a.py:9] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n";
+        assert_eq!(first_exception(log), Some("RuntimeError: CPU Generator does not use offset"));
+        assert_eq!(first_exception("INFO all well\n"), None);
+    }
 }

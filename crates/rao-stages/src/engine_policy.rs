@@ -320,8 +320,9 @@ impl rao_agent::Policy for EnginePolicy {
     fn unusable(&self) -> Option<String> {
         let failed = self.failed.load(Ordering::Relaxed);
         (failed > 0).then(|| {
+            let gone: String = crate::engine_launch::exited(&self.endpoints.urls).iter().map(|g| format!("; {g}")).collect();
             format!(
-                "{failed} request(s) to the engine failed, so some trees miss turns of this policy; the first failure: {}",
+                "{failed} request(s) to the engine failed, so some trees miss turns of this policy; the first failure: {}{gone}",
                 self.first_failure.get().map_or("(not recorded)", String::as_str)
             )
         })

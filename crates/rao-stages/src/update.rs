@@ -37,6 +37,17 @@ pub struct UpdateParams {
     /// Cap on children per spawn the grammar allows (as in rollout).
     #[serde(default = "children")]
     pub max_children: usize,
+    /// What a negative advantage weighs against a positive one (1 = RAO's symmetric update; 0
+    /// learns from better-than-baseline nodes only). Pushing a failed node's tokens down spreads
+    /// their probability over everything the grammar allows next; where that is a thousand item
+    /// names, copying a name from an observation is what gets lost.
+    #[serde(default = "crate::defaults::one_f64")]
+    pub negative_weight: f64,
+}
+
+/// A node's advantage as the update weighs it.
+fn weigh(advantage: f64, negative_weight: f64) -> f32 {
+    (if advantage < 0.0 { advantage * negative_weight } else { advantage }) as f32
 }
 
 fn default_loss() -> Loss {
@@ -80,6 +91,17 @@ impl TypedStage for Update {
     ];
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
 
+    fn check(p: &UpdateParams, _inputs: &[&str]) -> Vec<ParamError> {
+        match p.negative_weight.is_finite() && p.negative_weight >= 0.0 {
+            true => Vec::new(),
+            false => vec![ParamError {
+                key: Some("negative_weight".into()),
+                message: format!("negative_weight is {}: it scales negative advantages, so 0 or more", p.negative_weight),
+                help: Some("1 is RAO's update; 0 learns from better-than-baseline nodes only".into()),
+            }],
+        }
+    }
+
     /// The update scores each token under the grammar the rollout sampled it from; another cap
     /// on children would change which tokens are allowed and so every log-prob ratio.
     fn check_upstream(p: &UpdateParams, upstream: &dyn Fn() -> Vec<Upstream>) -> Vec<ParamError> {
@@ -120,7 +142,7 @@ impl TypedStage for Update {
             }
             let mut seqs: Vec<_> = nodes
                 .iter()
-                .filter_map(|n| n.advantage.filter(|a| a.is_finite()).map(|a| node_sequence(n, a as f32)))
+                .filter_map(|n| n.advantage.filter(|a| a.is_finite()).map(|a| node_sequence(n, weigh(a, p.negative_weight))))
                 .filter(|s| s.generated.iter().any(|g| *g))
                 .collect();
             // Trees regrouped for the iteration's metrics.
@@ -181,5 +203,19 @@ impl TypedStage for Update {
             ctx.write_output("checkpoint", HISTORY_FILE, serde_json::to_string_pretty(&history)?.as_bytes())?;
             write_checkpoint(&ctx, "checkpoint", &policy.checkpoint(), tokenizer.as_deref())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::weigh;
+
+    #[test]
+    fn only_negative_advantages_are_weighed() {
+        assert_eq!(weigh(0.5, 0.25), 0.5);
+        assert_eq!(weigh(-0.5, 0.25), -0.125);
+        assert_eq!(weigh(-0.5, 1.0), -0.5);
+        assert_eq!(weigh(-0.5, 0.0), 0.0);
+        assert_eq!(weigh(0.0, 0.0), 0.0);
     }
 }
