@@ -139,6 +139,25 @@ fn the_stand_in_made_from_minecraft_recipes_runs_end_to_end() {
     assert_eq!(std::fs::read_to_string(folder.join("textcraft_val.jsonl")).unwrap().lines().count(), 12);
 }
 
+/// A broken package file fails the stand-in's stage naming the file where the user keeps it,
+/// and nothing downstream runs.
+#[test]
+fn a_broken_minecraft_data_file_is_named_where_the_user_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("mc");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("items.json"), r#"[{"id": 1, "name": "stick"}, {"id": 3, "name": "oak_planks"}]"#).unwrap();
+    std::fs::write(data.join("recipes.json"), r#"{"1": [{"result": {"id": 1, "count": 4}, "ingredients": [99999]}]}"#).unwrap();
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../pipelines/textcraft-minecraft.yaml");
+    let set = format!("params.minecraft_data={}", data.display());
+    let o = rao(&["run", p.to_str().unwrap(), "--store", "st", "--set", &set], dir.path());
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    let want = format!("FAILED   files: {}: `1` recipe 1: item id 99999 is not in items.json", data.join("recipes.json").display());
+    assert!(out.contains(&want), "no `{want}` in:\n{out}");
+    assert!(out.contains("skipped  warmstart"), "{out}");
+}
+
 /// Just the dataset and one `textcraft_files` stage reading it.
 fn loader(dir: &Path, url: &str) -> PathBuf {
     let p = dir.join("load.yaml");

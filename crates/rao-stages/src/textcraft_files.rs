@@ -118,7 +118,7 @@ fn problems(report: &LoadReport) -> String {
 }
 
 /// The name a user knows a dataset file by: the dataset's URL (or path) and the file's path in it.
-fn shown(data: &InputArtifact, rel: &str) -> String {
+pub(crate) fn shown(data: &InputArtifact, rel: &str) -> String {
     let url = data.params.get("url").and_then(|u| u.as_str()).unwrap_or(&data.instance).trim_end_matches('/');
     // A dataset of one object is that object.
     if data.files.len() == 1 && data.files[0].path == rel && url.rsplit('/').next() == Some(rel) {

@@ -102,16 +102,27 @@ impl TypedStage for TextCraftMinecraft {
                         if json.is_empty() { "none".into() } else { json.join(", ") }
                     );
                 };
-                anyhow::ensure!(entry.size <= MAX_BYTES, "`{path}`: {} bytes; at most {MAX_BYTES} are read", entry.size);
+                let shown = crate::textcraft_files::shown(&data, path);
+                anyhow::ensure!(entry.size <= MAX_BYTES, "{shown}: {} bytes; at most {MAX_BYTES} are read", entry.size);
                 let bytes = ctx.read_input_file(&data, path).await?;
                 texts.push(
                     String::from_utf8(bytes.to_vec())
-                        .map_err(|e| anyhow::anyhow!("`{path}`: not UTF-8 (byte {})", e.utf8_error().valid_up_to()))?,
+                        .map_err(|e| anyhow::anyhow!("{shown}: not UTF-8 (byte {})", e.utf8_error().valid_up_to()))?,
                 );
             }
             let cfg =
                 StandinConfig { train: p.train, validation: p.validation, seed: p.data_seed, holdout: p.holdout, max_steps: p.max_steps };
-            let standin = tasks::build(&texts[0], &texts[1], &cfg)?;
+            // A package file's error names the file where the user keeps it.
+            let standin = tasks::build(&texts[0], &texts[1], &cfg).map_err(|e| match e {
+                tasks::StandinError::Data(d) => {
+                    let path = match d.file {
+                        vanilla::PackageFile::Recipes => &p.recipes,
+                        vanilla::PackageFile::Items => &p.items,
+                    };
+                    anyhow::anyhow!("{}: {}", crate::textcraft_files::shown(&data, path), d.message)
+                }
+                other => other.into(),
+            })?;
             let recipes = standin.files.iter().filter(|(n, _)| n.starts_with("recipes/")).count();
             eprintln!(
                 "[{}] {recipes} recipe files; craftable items per tier {:?}; tasks by deepest target tier: train {:?}, validation {:?}",

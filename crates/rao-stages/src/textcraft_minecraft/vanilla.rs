@@ -12,15 +12,31 @@ use serde_json::{Value, json};
 
 use rao_envs::textcraft::original::tags;
 
+/// The package's two files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackageFile {
+    Recipes,
+    Items,
+}
+
+impl std::fmt::Display for PackageFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PackageFile::Recipes => "recipes.json",
+            PackageFile::Items => "items.json",
+        })
+    }
+}
+
 /// What cannot be read from the package's files: which file, and why.
 #[derive(Debug, thiserror::Error)]
 #[error("{file}: {message}")]
 pub struct DataError {
-    pub file: &'static str,
+    pub file: PackageFile,
     pub message: String,
 }
 
-fn bad(file: &'static str, message: impl Into<String>) -> DataError {
+fn bad(file: PackageFile, message: impl Into<String>) -> DataError {
     DataError { file, message: message.into() }
 }
 
@@ -111,7 +127,7 @@ fn slot_name(s: &Slot) -> &str {
 
 /// `items.json`: `[{"id": 1, "name": "stone", …}, …]` → id → name.
 fn item_names(text: &str) -> Result<HashMap<u64, String>, DataError> {
-    const FILE: &str = "items.json";
+    const FILE: PackageFile = PackageFile::Items;
     let v: Value = serde_json::from_str(text).map_err(|e| bad(FILE, format!("not JSON: {e}")))?;
     let list = v.as_array().ok_or_else(|| bad(FILE, "not a list of items"))?;
     let mut out = HashMap::with_capacity(list.len());
@@ -134,7 +150,7 @@ fn is_item_name(n: &str) -> bool {
 /// `recipes.json`: `{"<result id>": [{"inShape": [[id|null, …], …] | "ingredients": [id, …],
 /// "result": {"id", "count"}}, …]}`.
 fn variants(text: &str, names: &HashMap<u64, String>) -> Result<Vec<Variant>, DataError> {
-    const FILE: &str = "recipes.json";
+    const FILE: PackageFile = PackageFile::Recipes;
     let v: Value = serde_json::from_str(text).map_err(|e| bad(FILE, format!("not JSON: {e}")))?;
     let map = v.as_object().ok_or_else(|| bad(FILE, "not an object of result ids"))?;
     let name = |id: &Value, at: &str| -> Result<String, DataError> {
