@@ -185,6 +185,20 @@ fn processes() -> Vec<(u32, u32, String)> {
     out
 }
 
+/// `rao run` of pipelines/bring-your-own-model-engine.yaml on `model`, shrunk to a few tasks
+/// and warm-start steps, plus `extra` overrides.
+fn engine_pipeline_run(model: &Path, extra: &[&str]) -> Vec<String> {
+    let pipeline = vllm::root().join("pipelines/bring-your-own-model-engine.yaml");
+    let mut args: Vec<String> = ["run", pipeline.to_str().unwrap(), "--store", "store"].map(String::from).to_vec();
+    let model_arg = format!("params.model={}", model.display());
+    let shrunk = ["params.demo_per_band=4", "params.warmstart_steps=10", "params.gate_per_band=2", "params.train_per_band=2"];
+    let shrunk = shrunk.into_iter().chain(["params.group_size=2", "params.eval_per_band=2"]);
+    for set in std::iter::once(model_arg.as_str()).chain(shrunk).chain(extra.iter().copied()) {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    args
+}
+
 /// pipelines/bring-your-own-model-engine.yaml, shrunk: rao starts vLLM on the model's folder,
 /// rollouts and evaluations go through it with each LoRA version loaded as it is made, the loop
 /// runs asynchronously (lag 1), and no server outlives the run — neither a run that ends nor one
@@ -193,22 +207,7 @@ fn processes() -> Vec<(u32, u32, String)> {
 fn the_engine_pipeline_starts_vllm_itself_and_no_server_outlives_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let model = vllm::tiny_model(dir.path());
-    let model_arg = format!("params.model={}", model.display());
-    let pipeline = vllm::root().join("pipelines/bring-your-own-model-engine.yaml");
-    let mut args: Vec<String> = ["run", pipeline.to_str().unwrap(), "--store", "store"].map(String::from).to_vec();
-    for set in [
-        &model_arg,
-        "params.demo_per_band=4",
-        "params.warmstart_steps=10",
-        "params.gate_per_band=2",
-        "params.train_per_band=2",
-        "params.group_size=2",
-        "params.eval_per_band=2",
-        "stages.train.loop.max_iterations=3",
-        "stages.train.loop.lag.behaviour.by=1",
-    ] {
-        args.extend(["--set".to_string(), set.to_string()]);
-    }
+    let args = engine_pipeline_run(&model, &["stages.train.loop.max_iterations=3", "stages.train.loop.lag.behaviour.by=1"]);
     // The servers' process groups: led by a process serving this test's own model folder.
     let serving = format!("--model\0{}\0", model.display());
     let groups = || -> Vec<u32> { processes().into_iter().filter(|p| p.2.contains(&serving)).map(|p| p.1).collect() };
@@ -289,22 +288,14 @@ fn the_engine_pipeline_starts_vllm_itself_and_no_server_outlives_the_run() {
 fn an_engine_that_dies_is_named_in_the_error_with_its_cause() {
     let dir = tempfile::tempdir().unwrap();
     let model = vllm::tiny_model(dir.path());
-    let pipeline = vllm::root().join("pipelines/bring-your-own-model-engine.yaml");
-    let model_arg = format!("params.model={}", model.display());
-    let mut args = vec!["run", pipeline.to_str().unwrap(), "--store", "store"];
-    for set in [
-        model_arg.as_str(),
-        "params.demo_per_band=4",
-        "params.warmstart_steps=10",
-        "params.gate_per_band=2",
-        "params.train_per_band=2",
-        "params.group_size=2",
-        "params.eval_per_band=2",
-        "stages.train.loop.max_iterations=1",
-        r#"params.engine.launch.args=[--dtype, float32, --enforce-eager, --max-model-len, "4096", --max-num-batched-tokens, "64", --max-num-seqs, "8"]"#,
-    ] {
-        args.extend(["--set", set]);
-    }
+    let args = engine_pipeline_run(
+        &model,
+        &[
+            "stages.train.loop.max_iterations=1",
+            r#"params.engine.launch.args=[--dtype, float32, --enforce-eager, --max-model-len, "4096", --max-num-batched-tokens, "64", --max-num-seqs, "8"]"#,
+        ],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let o = rao(&args, dir.path());
     let out = text(&o);
     assert!(!o.status.success(), "{out}");
