@@ -135,8 +135,8 @@ pub async fn urls(launch: &EngineLaunch, base_dir: &Path, served_name: &str, lor
 }
 
 /// Why requests to `urls` may have failed: for each server among them that rao started and
-/// that has exited since, its exit status, its log's path and the last error line the log holds
-/// (vLLM writes its cause far above the shutdown noise at the end).
+/// that has exited since, its exit status, its log's path and the first exception in the log
+/// (vLLM writes the cause far above the shutdown noise at the end).
 pub fn exited(urls: &[String]) -> Vec<String> {
     let Ok(mut engines) = ENGINES.try_lock() else { return Vec::new() };
     let mut out = Vec::new();
