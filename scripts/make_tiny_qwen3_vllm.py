@@ -12,7 +12,7 @@ CPU attention takes only 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 and 512, a
 answers /health but dies at the first request ("Unsupported CPU attention configuration:
 head_dim=24"). Its 256 positions are also too few for a conversation. Everything else is the same:
 the config of reference.py's "qwen3", its weight scheme (`randomize`, fixed seed), f32, and the
-tokenizer files of models/tiny-qwen3, copied. Runs with target/vllm's or target/py's Python
+tokenizer files of models/tiny-qwen3, copied. Runs with target/py's Python
 (torch + transformers); no download.
 """
 import os

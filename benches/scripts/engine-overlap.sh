@@ -4,7 +4,7 @@
 # pinned to core 1 — two devices of one core each. `pipelines/bring-your-own-model-engine.yaml`
 # runs its loop with k = 0, then k = 1, in one store (everything before the loop is shared);
 # prints each loop's wall clock (first loop stage started → last one finished), its rollouts' and
-# updates' busy time, and the ratio. Needs two cores or more, scripts/engine-tools, and a model
+# updates' busy time, and the ratio. Needs two cores or more, scripts/python-tools, and a model
 # that vLLM's CPU build serves (heads of 32 or more) and that solves some tasks: updates of a
 # model that never succeeds are skipped (no signal), and then there is nothing to overlap.
 #   benches/scripts/engine-overlap.sh --set params.model=DIR [--set …]
@@ -18,7 +18,7 @@ wrapper="$store/vllm-on-core-0"
 # vLLM's CPU build binds its OpenMP threads itself; tell it which core is its own.
 cat > "$wrapper" <<EOF
 #!/bin/sh
-VLLM_CPU_OMP_THREADS_BIND=0 exec taskset -c 0 "$PWD/target/vllm/bin/python" "\$@"
+VLLM_CPU_OMP_THREADS_BIND=0 exec taskset -c 0 "$PWD/target/py/bin/python" "\$@"
 EOF
 chmod +x "$wrapper"
 export RAO_VLLM_PYTHON="$wrapper"

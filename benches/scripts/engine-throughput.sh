@@ -2,10 +2,10 @@
 # Rollouts through vLLM (PyPI's CPU build, started by rao) against rao's in-process text policy:
 # the same LoRA checkpoint of a 25M-parameter random Qwen3, the same 16 Medium TextCraft tasks,
 # temperature 1, one stage at a time (--jobs 1). Prints trees/s and tokens/s of each and the
-# ratio. Needs scripts/python-tools and scripts/engine-tools (the README's test command runs both).
+# ratio. Needs scripts/python-tools (the README's test command runs it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export RAO_VLLM_PYTHON="$PWD/target/vllm/bin/python"
+export RAO_VLLM_PYTHON="$PWD/target/py/bin/python"
 [ -d target/bench-qwen3 ] || target/py/bin/python scripts/make_tiny_qwen3_vllm.py target/bench-qwen3 --bench
 store="${STORE:-$(mktemp -d)}"
 rao="${RAO:-target/debug/rao}"

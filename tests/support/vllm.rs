@@ -1,4 +1,4 @@
-//! A real vLLM (PyPI's CPU build, installed by `scripts/engine-tools` into target/vllm) serving a
+//! A real vLLM (PyPI's CPU build, installed by `scripts/python-tools` into target/py) serving a
 //! tiny random Qwen3 on 127.0.0.1, for the tests of rao's OpenAI-compatible client and engine
 //! rollouts. `RAO_VLLM_PYTHON` names the engine's interpreter (`scripts/test` sets it),
 //! `RAO_PYTHON` the reference tools' (to make the model). The server runs in a process group of
@@ -54,7 +54,7 @@ impl Vllm {
         let log = log_dir.join(format!("vllm-{port}.log"));
         let out = std::fs::File::create(&log).unwrap();
         let served = "tiny";
-        let mut cmd = Command::new(python("RAO_VLLM_PYTHON", "the engine's Python (scripts/engine-tools)"));
+        let mut cmd = Command::new(python("RAO_VLLM_PYTHON", "the engine's Python (scripts/python-tools)"));
         cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
             .arg(model)
             .args([
