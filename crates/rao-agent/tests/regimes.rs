@@ -33,11 +33,13 @@ fn mean_root_score(trees: &[Vec<NodeRecord>]) -> f64 {
 /// Every token of every action in `trees` was allowed by `grammar` after the tokens before it.
 fn grammar_accepts(trees: &[Vec<NodeRecord>], grammar: &dyn Grammar, recursive: bool) {
     for node in trees.iter().flatten() {
+        let mut context = node.prompt_ids.clone();
         for turn in &node.turns {
             for (i, &t) in turn.completion_ids.iter().enumerate() {
-                let allowed: Vec<Tok> = grammar.allowed(recursive, &turn.completion_ids[..i]);
+                let allowed: Vec<Tok> = grammar.allowed(recursive, &context, &turn.completion_ids[..i]);
                 assert!(allowed.contains(&t), "`{}`: token {i} not allowed by the grammar", turn.action);
             }
+            context.extend(turn.completion_ids.iter().chain(&turn.observation_ids));
         }
     }
 }

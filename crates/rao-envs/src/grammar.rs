@@ -4,9 +4,10 @@
 use crate::vocab::Tok;
 
 pub trait Grammar: Send + Sync {
-    /// Tokens allowed after `prefix` (the action generated so far), `<eos>` included when the
-    /// action may end here. Never empty.
-    fn allowed(&self, recursive: bool, prefix: &[Tok]) -> Vec<Tok>;
+    /// Tokens allowed after `prefix` (the action generated so far) in a node whose tokens before
+    /// this action are `context` (prompt, earlier actions and observations), `<eos>` included
+    /// when the action may end here. Never empty.
+    fn allowed(&self, recursive: bool, context: &[Tok], prefix: &[Tok]) -> Vec<Tok>;
 
     /// The same action language in text, for a language model: a grammar in llguidance's Lark
     /// dialect over the environment's words separated by single spaces (as `text::words` writes
@@ -15,6 +16,10 @@ pub trait Grammar: Send + Sync {
         None
     }
 }
+
+/// Why an environment cannot be acted in by a language model: its grammar has no text form.
+pub const NO_TEXT_FORM: &str = "this environment's actions have no text form (a grammar that reads the node's context, \
+     such as TextCraft's `item_names: seen_words`, has none yet: use `item_names: world` with a language model)";
 
 /// A Lark string literal for `text` (backslashes, quotes and control characters escaped).
 pub fn lark_string(text: &str) -> String {
@@ -50,7 +55,7 @@ pub fn lark_choice<S: AsRef<str>>(texts: &[S]) -> String {
 pub struct AnyToken(pub usize);
 
 impl Grammar for AnyToken {
-    fn allowed(&self, _recursive: bool, _prefix: &[Tok]) -> Vec<Tok> {
+    fn allowed(&self, _recursive: bool, _context: &[Tok], _prefix: &[Tok]) -> Vec<Tok> {
         (0..self.0 as Tok).collect()
     }
 }

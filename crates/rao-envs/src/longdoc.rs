@@ -432,7 +432,7 @@ impl Grammar for LongDocGrammar {
         Some(format!("start: ACTION\nACTION: {}\nDIGIT: {}\n", action.join(" | "), lark_choice(&DIGITS)))
     }
 
-    fn allowed(&self, recursive: bool, prefix: &[Tok]) -> Vec<Tok> {
+    fn allowed(&self, recursive: bool, _context: &[Tok], prefix: &[Tok]) -> Vec<Tok> {
         let v = &self.lang.vocab;
         let digits = || DIGITS.iter().map(|d| v.id(d)).collect::<Vec<_>>();
         let Some((&verb, rest)) = prefix.split_first() else {

@@ -353,7 +353,7 @@ impl Grammar for MultiHopGrammar {
         ))
     }
 
-    fn allowed(&self, recursive: bool, prefix: &[Tok]) -> Vec<Tok> {
+    fn allowed(&self, recursive: bool, _context: &[Tok], prefix: &[Tok]) -> Vec<Tok> {
         let l = &self.lang;
         let entities = || (0..l.graph.names.len()).map(|e| l.entity_tok(e)).collect::<Vec<_>>();
         let relations = || (0..l.graph.config.relations).map(|r| l.relation_tok(r)).collect::<Vec<_>>();

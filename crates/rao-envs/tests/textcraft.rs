@@ -178,7 +178,7 @@ fn grammar_accepts_every_expert_action_and_only_well_formed_ones() {
     let g = textcraft::grammar::TextCraftGrammar::new(&w, 8);
     let lang = Lang::new(&w);
     let accepts = |recursive: bool, toks: &[Tok]| {
-        (0..toks.len()).all(|i| g.allowed(recursive, &toks[..i]).contains(&toks[i])) && g.allowed(recursive, toks).contains(&EOS)
+        (0..toks.len()).all(|i| g.allowed(recursive, &[], &toks[..i]).contains(&toks[i])) && g.allowed(recursive, &[], toks).contains(&EOS)
     };
     let item = w.targets(Band::Medium, false)[0];
     for a in [
@@ -198,7 +198,7 @@ fn grammar_accepts_every_expert_action_and_only_well_formed_ones() {
     for _ in 0..500 {
         let mut toks = Vec::new();
         loop {
-            let allowed = g.allowed(true, &toks);
+            let allowed = g.allowed(true, &[], &toks);
             let t = allowed[rng.below(allowed.len())];
             if t == EOS {
                 break;

@@ -367,8 +367,9 @@ fn the_grammar_accepts_the_exact_craft_and_its_tags() {
     let l = load("textcraft_val.jsonl");
     let w = Arc::new(l.world);
     let g = rao_envs::textcraft::grammar::TextCraftGrammar::new(&w, 4);
-    let accepts =
-        |toks: &[u32]| (0..toks.len()).all(|i| g.allowed(false, &toks[..i]).contains(&toks[i])) && g.allowed(false, toks).contains(&EOS);
+    let accepts = |toks: &[u32]| {
+        (0..toks.len()).all(|i| g.allowed(false, &[], &toks[..i]).contains(&toks[i])) && g.allowed(false, &[], toks).contains(&EOS)
+    };
     for a in ["craft wooden pickaxe from oak planks 3 , stick 2", "craft oak planks 8 from oak log 2", "craft stick 4", "info tag planks"] {
         assert!(accepts(&w.vocab.ids(a)), "{a}");
     }
@@ -431,4 +432,22 @@ fn renaming_keeps_tier_and_word_count_and_leaves_tags_alone() {
         assert_eq!(w.rename_tokens(&text, &map).len(), text.len());
     }
     assert!(moved > 0, "the fixture has items to swap");
+}
+
+/// `held_and_made`: a goal held at finish counts only if the node's subtree made its units; the
+/// original's `held` takes the inventory alone.
+#[test]
+fn a_goal_already_held_is_reached_only_by_making_it_under_held_and_made() {
+    use rao_envs::textcraft::{GoalCheck, verify_goal};
+    let mut w = load("textcraft_val.jsonl").world;
+    let goal = w.vocab.ids("stick 4");
+    let held = r#"{"held":{"stick":6}}"#;
+    let made = |n: i64| BTreeMap::from([("stick".to_string(), n)]);
+    assert_eq!(verify_goal(&w, &goal, true, Some(held), &made(0)), 1.0, "the original's rule: held is enough");
+    w.goal_check = GoalCheck::HeldAndMade;
+    assert_eq!(verify_goal(&w, &goal, true, Some(held), &made(0)), 0.0, "held but not made");
+    assert_eq!(verify_goal(&w, &goal, true, Some(held), &made(2)), 0.0, "made too few");
+    assert_eq!(verify_goal(&w, &goal, true, Some(held), &made(4)), 1.0);
+    assert_eq!(verify_goal(&w, &goal, true, Some(r#"{"held":{"stick":3}}"#), &made(4)), 0.0, "made but not held");
+    assert_eq!(verify_goal(&w, &goal, false, Some(held), &made(4)), 0.0, "not finished");
 }

@@ -286,7 +286,7 @@ impl Policy {
     pub fn sample(&self, reqs: &[SampleRequest], grammar: &dyn Grammar, temperature: f64) -> Vec<(Vec<Tok>, Vec<f32>)> {
         let mut rngs: Vec<Rng> = reqs.iter().map(|r| Rng::new(r.seed)).collect();
         self.decode(reqs, None, |i, logits, prefix| {
-            let allowed = grammar.allowed(reqs[i].recursive, prefix);
+            let allowed = grammar.allowed(reqs[i].recursive, &reqs[i].context, prefix);
             sample_masked(logits, &allowed, temperature, &mut rngs[i])
         })
     }
@@ -307,7 +307,7 @@ impl Policy {
         assert_eq!(reqs.len(), shared.len(), "one shared length per request");
         let mut rngs: Vec<Rng> = reqs.iter().map(|r| Rng::new(r.seed)).collect();
         self.decode(reqs, Some((cache, shared)), |i, logits, prefix| {
-            let allowed = grammar.allowed(reqs[i].recursive, prefix);
+            let allowed = grammar.allowed(reqs[i].recursive, &reqs[i].context, prefix);
             sample_masked(logits, &allowed, temperature, &mut rngs[i])
         })
     }
@@ -543,7 +543,7 @@ impl Policy {
                     targets.push(s.tokens[j + 1] as i64);
                     old.push(s.old_logprobs[j + 1]);
                     adv.push(s.advantage);
-                    let allowed = grammar.allowed(s.recursive, &s.tokens[action_start..j + 1]);
+                    let allowed = grammar.allowed(s.recursive, &s.tokens[..action_start], &s.tokens[action_start..j + 1]);
                     let start = gbias.len();
                     gbias.resize(start + v, NEG);
                     let row = &mut gbias[start..];

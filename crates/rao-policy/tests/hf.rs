@@ -407,7 +407,7 @@ fn text_grammars() -> Vec<(&'static str, Vocab, Arc<dyn Grammar>, TextGrammar)> 
 fn random_walk(grammar: &dyn Grammar, recursive: bool, end: Tok, cap: usize, rng: &mut Rng) -> Option<Vec<Tok>> {
     let mut out = Vec::new();
     while out.len() < cap {
-        let allowed = grammar.allowed(recursive, &out);
+        let allowed = grammar.allowed(recursive, &[], &out);
         let t = allowed[rng.below(allowed.len())];
         if t == end {
             return Some(out);
@@ -418,7 +418,8 @@ fn random_walk(grammar: &dyn Grammar, recursive: bool, end: Tok, cap: usize, rng
 }
 
 fn accepts(grammar: &dyn Grammar, recursive: bool, toks: &[Tok], end: Tok) -> bool {
-    (0..toks.len()).all(|i| grammar.allowed(recursive, &toks[..i]).contains(&toks[i])) && grammar.allowed(recursive, toks).contains(&end)
+    (0..toks.len()).all(|i| grammar.allowed(recursive, &[], &toks[..i]).contains(&toks[i]))
+        && grammar.allowed(recursive, &[], toks).contains(&end)
 }
 
 #[test]

@@ -68,7 +68,7 @@ fn sampled_logprobs_equal_a_fresh_forward_pass_with(prev_token: bool) {
         assert!(!toks.is_empty() && toks.len() == lps.len());
         // Everything sampled is allowed by the grammar.
         for i in 0..toks.len() {
-            assert!(grammar.allowed(r.recursive, &toks[..i]).contains(&toks[i]));
+            assert!(grammar.allowed(r.recursive, &r.context, &toks[..i]).contains(&toks[i]));
         }
     }
     let fresh = policy.sequence_logprobs(&as_sequences(&reqs, &outs, 1.0), &grammar, 1.0);
@@ -80,6 +80,36 @@ fn sampled_logprobs_equal_a_fresh_forward_pass_with(prev_token: bool) {
     }
     // Same seeds, same samples.
     assert_eq!(policy.sample(&reqs, &grammar, 1.0), outs);
+}
+
+/// A grammar that reads the node's context (item names made of words the node has seen): the
+/// sampler and the learner give it the same context, so their log-probs still agree, and what
+/// is sampled names only words of the context.
+#[test]
+fn a_grammar_that_reads_the_context_masks_sampling_and_learning_alike() {
+    let (mut world, _, policy) = setup();
+    world.names = textcraft::ItemNames::SeenWords;
+    let grammar = TextCraftGrammar::new(&world, 4);
+    let reqs = requests(&world);
+    let outs = policy.sample(&reqs, &grammar, 1.0);
+    let verbs = world.vocab.ids("info craft spawn inv finish , <eos>");
+    let digits = world.vocab.ids("0 1 2 3 4 5 6 7 8 9");
+    for ((toks, _), r) in outs.iter().zip(&reqs) {
+        for t in toks {
+            assert!(
+                verbs.contains(t) || digits.contains(t) || r.context.contains(t),
+                "`{}` after `{}`",
+                world.vocab.text(toks),
+                world.vocab.text(&r.context)
+            );
+        }
+    }
+    let fresh = policy.sequence_logprobs(&as_sequences(&reqs, &outs, 1.0), &grammar, 1.0);
+    for ((_, lps), f) in outs.iter().zip(&fresh) {
+        for (a, b) in lps.iter().zip(f) {
+            assert!((a - b).abs() < 1e-4, "sampled {a} vs recomputed {b}");
+        }
+    }
 }
 
 #[test]

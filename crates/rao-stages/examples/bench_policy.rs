@@ -36,7 +36,7 @@ fn main() {
     // have random lengths, which would measure the lengths, not the sampler).
     struct Fixed(Vec<Tok>);
     impl rao_envs::grammar::Grammar for Fixed {
-        fn allowed(&self, _: bool, prefix: &[Tok]) -> Vec<Tok> {
+        fn allowed(&self, _: bool, _: &[Tok], prefix: &[Tok]) -> Vec<Tok> {
             if prefix.len() >= 16 { vec![rao_envs::vocab::EOS] } else { self.0.clone() }
         }
     }

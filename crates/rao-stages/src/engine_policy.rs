@@ -149,7 +149,7 @@ impl EnginePolicy {
             anyhow::bail!("engine: {p}");
         }
         let stop = *policy.stop_tokens.first().ok_or_else(|| anyhow::anyhow!("the model has no stop token"))?;
-        let lark = |recursive| env_grammar.lark(recursive).ok_or_else(|| anyhow::anyhow!("this environment's actions have no text form"));
+        let lark = |recursive| env_grammar.lark(recursive).ok_or_else(|| anyhow::anyhow!(rao_envs::grammar::NO_TEXT_FORM));
         let client = reqwest::Client::builder().timeout(Duration::from_secs_f64(endpoints.timeout_s)).build()?;
         let served = engine_version::serve(&client, &endpoints.urls, &endpoints.model, policy, &endpoints.adapter_root()).await?;
         Ok(EnginePolicy {

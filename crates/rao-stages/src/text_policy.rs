@@ -34,7 +34,7 @@ pub fn token_space(tokenizer: &TextTokenizer) -> String {
 /// by its first stop token: what a text policy samples under and its update scores with.
 pub fn text_grammar(policy: &Policy, tokenizer: &TextTokenizer, env_grammar: &dyn Grammar) -> anyhow::Result<TextGrammar> {
     let stop = *policy.stop_tokens.first().ok_or_else(|| anyhow::anyhow!("the model has no stop token"))?;
-    let lark = |recursive| env_grammar.lark(recursive).ok_or_else(|| anyhow::anyhow!("this environment's actions have no text form"));
+    let lark = |recursive| env_grammar.lark(recursive).ok_or_else(|| anyhow::anyhow!(rao_envs::grammar::NO_TEXT_FORM));
     TextGrammar::new(tokenizer.token_bytes()?, stop, policy.cfg.vocab, &lark(false)?, &lark(true)?)
 }
 

@@ -6,6 +6,7 @@
 use futures::future::BoxFuture;
 use rao_envs::rng::Rng;
 use rao_envs::textcraft::original::{self, LoadReport, SourceFile};
+use rao_envs::textcraft::{GoalCheck, ItemNames};
 use rao_pipeline::{InputArtifact, InputDecl, StageContext, TypedStage};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -33,6 +34,16 @@ pub struct TextCraftFilesParams {
     /// Seed of `sample`; default: this instance's seed (fresh in every loop iteration).
     #[serde(default)]
     pub task_seed: Option<u64>,
+    /// Which item names an agent's actions may use: `world` (any of the world's) or
+    /// `seen_words` (those whose every word is in the node's context). Every stage that trains
+    /// or samples on these tasks uses their world's rule.
+    #[serde(default)]
+    pub item_names: ItemNames,
+    /// When a goal counts as reached: `held` (the original's rule: its units are in the shared
+    /// inventory when the node finishes) or `held_and_made` (and the node's subtree made them,
+    /// so a sub-agent spawned for items already there does not succeed by finishing).
+    #[serde(default)]
+    pub goal_check: GoalCheck,
 }
 
 fn default_recipes() -> String {
@@ -92,6 +103,8 @@ impl TypedStage for TextCraftFiles {
             for t in &mut loaded.tasks {
                 t.validation = p.split == Split::Validation;
             }
+            loaded.world.names = p.item_names;
+            loaded.world.goal_check = p.goal_check;
             let r = &loaded.report;
             for (name, v) in [
                 ("tasks_skipped", r.tasks_skipped),

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use super::craft::{self, CraftError};
 use super::tasks::Task;
-use super::world::{ItemId, MAX_DEPTH_TOKEN, Rules, World};
+use super::world::{GoalCheck, ItemId, MAX_DEPTH_TOKEN, Rules, World};
 use crate::env::{Episode, Refusal, Step, StepOutput};
 use crate::vocab::{BOS, OBS, Tok, Vocab};
 
@@ -383,7 +383,10 @@ pub fn verify_goal(world: &World, goal: &[Tok], finished: bool, result: Option<&
     let ok = match world.rules {
         Rules::Synth => reached(&|name| subtree.get(name).copied().unwrap_or(0)),
         Rules::Original => match result.and_then(|r| serde_json::from_str::<HeldAtFinish>(r).ok()) {
-            Some(h) => reached(&|name| h.held.get(name).copied().unwrap_or(0) as i64),
+            Some(h) => {
+                reached(&|name| h.held.get(name).copied().unwrap_or(0) as i64)
+                    && (world.goal_check == GoalCheck::Held || reached(&|name| subtree.get(name).copied().unwrap_or(0)))
+            }
             None => false,
         },
     };

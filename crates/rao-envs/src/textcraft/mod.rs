@@ -13,4 +13,4 @@ pub mod world;
 pub use episode::{Action, Lang, TextCraftEpisode, verify_goal};
 pub use expert::{ExpertConfig, expert_action};
 pub use tasks::{Task, is_solvable, synthesize, synthesize_tiers};
-pub use world::{Band, Bands, Item, ItemId, Recipe, Rules, SynthConfig, World, generate};
+pub use world::{Band, Bands, GoalCheck, Item, ItemId, ItemNames, Recipe, Rules, SynthConfig, World, generate};

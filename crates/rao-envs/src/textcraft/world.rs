@@ -72,6 +72,44 @@ impl Rules {
     }
 }
 
+/// Which item names an action may use (the action grammar's item slot).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemNames {
+    /// Any item of the world.
+    #[default]
+    World,
+    /// Items whose every word is in the node's context (its goal, what `info` and `inv` showed,
+    /// its children's results): with a thousand item names, sampling outside the context is
+    /// where RL moved probability (RESULTS.md, the stand-in for the authors' files).
+    SeenWords,
+}
+
+impl ItemNames {
+    fn is_world(&self) -> bool {
+        *self == ItemNames::World
+    }
+}
+
+/// When a goal counts as reached in worlds of the original rules.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GoalCheck {
+    /// The original's: the inventory holds the goal's units when the node finishes. Agents share
+    /// the inventory, so a sub-agent whose items are already there succeeds by finishing.
+    #[default]
+    Held,
+    /// Held when the node finishes, and made by the node's subtree. The same for a task's root
+    /// (its targets are not in the inventory it starts from); a sub-agent has to make its items.
+    HeldAndMade,
+}
+
+impl GoalCheck {
+    fn is_held(&self) -> bool {
+        *self == GoalCheck::Held
+    }
+}
+
 /// Which target tiers make each difficulty band.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct Bands {
@@ -124,6 +162,10 @@ pub struct World {
     pub bands: Bands,
     #[serde(default, skip_serializing_if = "Rules::is_synth")]
     pub rules: Rules,
+    #[serde(default, skip_serializing_if = "ItemNames::is_world")]
+    pub names: ItemNames,
+    #[serde(default, skip_serializing_if = "GoalCheck::is_held")]
+    pub goal_check: GoalCheck,
     #[serde(skip)]
     by_tokens: HashMap<Vec<Tok>, ItemId>,
     #[serde(skip)]
@@ -132,7 +174,17 @@ pub struct World {
 
 impl World {
     pub fn new(name: String, items: Vec<Item>, vocab: Vocab, bands: Bands) -> World {
-        let mut w = World { name, items, vocab, bands, rules: Rules::Synth, by_tokens: HashMap::new(), max_name_len: 0 };
+        let mut w = World {
+            name,
+            items,
+            vocab,
+            bands,
+            rules: Rules::Synth,
+            names: ItemNames::World,
+            goal_check: GoalCheck::Held,
+            by_tokens: HashMap::new(),
+            max_name_len: 0,
+        };
         w.reindex();
         w
     }

@@ -82,7 +82,7 @@ impl TextGrammar {
 }
 
 impl Grammar for TextGrammar {
-    fn allowed(&self, recursive: bool, prefix: &[Tok]) -> Vec<Tok> {
+    fn allowed(&self, recursive: bool, _context: &[Tok], prefix: &[Tok]) -> Vec<Tok> {
         let mut out = Vec::new();
         if let Some(mask) = self.matcher_after(recursive, prefix).and_then(|mut m| m.compute_mask().ok()) {
             mask.iter_set_entries(|i| {
