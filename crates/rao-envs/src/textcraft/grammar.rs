@@ -152,39 +152,7 @@ impl TextCraftGrammar {
         }
         out.into_iter().collect()
     }
-}
 
-impl Grammar for TextCraftGrammar {
-    fn lark(&self, recursive: bool) -> Option<String> {
-        if self.names != ItemNames::World {
-            return None; // which names an action may use depends on its context
-        }
-        // Counts are one or two digits, the first not 0, as `after_args` allows them.
-        let mut action = vec![r#""info " ITEM"#.to_string(), r#""inv""#.into(), r#""finish""#.into()];
-        action.push(if self.from.is_some() {
-            format!(r#""craft " ARG (" from " ARG {})?"#, lark_up_to(r#"" , " ARG"#, MAX_INGREDIENTS - 1))
-        } else {
-            r#""craft " ARG"#.into()
-        });
-        if recursive {
-            action.push(format!(r#""spawn " ARG {}"#, lark_up_to(r#"" , " ARG"#, self.max_spawn_goals - 1)));
-        }
-        Some(format!(
-            "start: ACTION\nACTION: {}\nARG: ITEM (\" \" COUNT)?\nCOUNT: /[1-9]( [0-9])?/\nITEM: {}\n",
-            action.join(" | "),
-            lark_choice(&self.item_texts)
-        ))
-    }
-
-    fn allowed(&self, recursive: bool, context: &[Tok], prefix: &[Tok]) -> Vec<Tok> {
-        let reach = self.reach(context);
-        let out = self.allowed_in(&reach, recursive, prefix);
-        // Off the grammar (a demonstration naming what its node never saw): only the end.
-        if out.is_empty() { vec![EOS] } else { out }
-    }
-}
-
-impl TextCraftGrammar {
     fn allowed_in(&self, reach: &Reach, recursive: bool, prefix: &[Tok]) -> Vec<Tok> {
         let Some((&verb, args)) = prefix.split_first() else {
             let mut v = vec![self.info, self.craft, self.inv, self.finish];
@@ -230,5 +198,35 @@ impl TextCraftGrammar {
             return out;
         }
         self.after_args(reach, args, 1)
+    }
+}
+
+impl Grammar for TextCraftGrammar {
+    fn lark(&self, recursive: bool) -> Option<String> {
+        if self.names != ItemNames::World {
+            return None; // which names an action may use depends on its context
+        }
+        // Counts are one or two digits, the first not 0, as `after_args` allows them.
+        let mut action = vec![r#""info " ITEM"#.to_string(), r#""inv""#.into(), r#""finish""#.into()];
+        action.push(if self.from.is_some() {
+            format!(r#""craft " ARG (" from " ARG {})?"#, lark_up_to(r#"" , " ARG"#, MAX_INGREDIENTS - 1))
+        } else {
+            r#""craft " ARG"#.into()
+        });
+        if recursive {
+            action.push(format!(r#""spawn " ARG {}"#, lark_up_to(r#"" , " ARG"#, self.max_spawn_goals - 1)));
+        }
+        Some(format!(
+            "start: ACTION\nACTION: {}\nARG: ITEM (\" \" COUNT)?\nCOUNT: /[1-9]( [0-9])?/\nITEM: {}\n",
+            action.join(" | "),
+            lark_choice(&self.item_texts)
+        ))
+    }
+
+    fn allowed(&self, recursive: bool, context: &[Tok], prefix: &[Tok]) -> Vec<Tok> {
+        let reach = self.reach(context);
+        let out = self.allowed_in(&reach, recursive, prefix);
+        // Off the grammar (a demonstration naming what its node never saw): only the end.
+        if out.is_empty() { vec![EOS] } else { out }
     }
 }

@@ -66,10 +66,10 @@ pub enum Rules {
     Original,
 }
 
-impl Rules {
-    fn is_synth(&self) -> bool {
-        *self == Rules::Synth
-    }
+/// A world's rule left at its default is not written to `world.json` (worlds written before the
+/// rule existed read the same).
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 /// Which item names an action may use (the action grammar's item slot).
@@ -85,12 +85,6 @@ pub enum ItemNames {
     SeenWords,
 }
 
-impl ItemNames {
-    fn is_world(&self) -> bool {
-        *self == ItemNames::World
-    }
-}
-
 /// When a goal counts as reached in worlds of the original rules.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -102,12 +96,6 @@ pub enum GoalCheck {
     /// Held when the node finishes, and made by the node's subtree. The same for a task's root
     /// (its targets are not in the inventory it starts from); a sub-agent has to make its items.
     HeldAndMade,
-}
-
-impl GoalCheck {
-    fn is_held(&self) -> bool {
-        *self == GoalCheck::Held
-    }
 }
 
 /// Which target tiers make each difficulty band.
@@ -160,11 +148,11 @@ pub struct World {
     pub items: Vec<Item>,
     pub vocab: Vocab,
     pub bands: Bands,
-    #[serde(default, skip_serializing_if = "Rules::is_synth")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub rules: Rules,
-    #[serde(default, skip_serializing_if = "ItemNames::is_world")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub names: ItemNames,
-    #[serde(default, skip_serializing_if = "GoalCheck::is_held")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub goal_check: GoalCheck,
     #[serde(skip)]
     by_tokens: HashMap<Vec<Tok>, ItemId>,
