@@ -281,6 +281,35 @@ fn rl_raises_success_over_the_warm_start() {
     assert!(after - before >= 4.0 * se, "the gain {:.3} is within noise (se {se:.3})", after - before);
 }
 
+/// `update.optimizer: fresh` starts RL's AdamW afresh from the warm start's checkpoint (its step
+/// count restarts; later updates carry their own), where the default carries the warm start's.
+#[test]
+fn a_fresh_optimizer_drops_the_warm_starts_state_only_at_the_first_update() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rl.yaml"), RL_SMOKE).unwrap();
+    let steps = |extra: &[&str]| -> Vec<u64> {
+        let mut args = vec!["run", "rl.yaml", "--store", "s"];
+        let shrink =
+            ["stages.warmstart.params.max_steps=100", "stages.warmstart.params.eval_every=100", "stages.train.loop.max_iterations=2"];
+        args.extend(shrink.iter().chain(extra).flat_map(|s| ["--set", s]));
+        let o = rao(&args, dir.path());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut steps: Vec<u64> = files_named(&dir.path().join("s"), "checkpoint.json")
+            .iter()
+            .map(|(_, path)| {
+                let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+                meta["optimizer"]["step"].as_u64().unwrap()
+            })
+            .collect();
+        steps.sort();
+        steps
+    };
+    // The warm start's 100 steps, then one step per update on top of them.
+    assert_eq!(steps(&[]), [100, 101, 102]);
+    // The same store: the warm start is reused, and the first update drops its 100 steps.
+    assert_eq!(steps(&["stages.update.params.optimizer=fresh"]), [1, 2, 100, 101, 102]);
+}
+
 /// With `gate.keep_best`, a warm start that never reaches its gate writes the checkpoint of its
 /// best gate check, not its last: the recorded gate score is the best one logged, and a kept
 /// earlier step is named in the log.

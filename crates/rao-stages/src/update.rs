@@ -43,6 +43,59 @@ pub struct UpdateParams {
     /// names, copying a name from an observation is what gets lost.
     #[serde(default = "crate::defaults::one_f64")]
     pub negative_weight: f64,
+    /// How the loss averages the batch's tokens: `tokens` (RAO's: every generated token weighs
+    /// the same, so a long node weighs more than a short one) or `sequences` (each node's tokens
+    /// are averaged first, so every node weighs the same whatever its length).
+    #[serde(default)]
+    pub loss_mean: LossMean,
+    /// The AdamW state the first RL update starts from: `carry` (the warm start's moments and
+    /// step count, as the checkpoint holds them) or `fresh` (dropped when the checkpoint has no RL
+    /// update behind it; later updates carry their own).
+    #[serde(default)]
+    pub optimizer: OptimizerStart,
+}
+
+/// Where the first RL update's optimiser state comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerStart {
+    #[default]
+    Carry,
+    Fresh,
+}
+
+/// What one unit of the loss's average is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LossMean {
+    #[default]
+    Tokens,
+    Sequences,
+}
+
+fn generated_len(s: &rao_policy::Sequence) -> usize {
+    s.generated.iter().filter(|g| **g).count()
+}
+
+/// The advantage of an average generated token of the batch (0 for none).
+fn advantage_per_token(seqs: &[rao_policy::Sequence]) -> f64 {
+    let tokens: usize = seqs.iter().map(generated_len).sum();
+    let sum: f64 = seqs.iter().map(|s| s.advantage as f64 * generated_len(s) as f64).sum();
+    if tokens == 0 { 0.0 } else { sum / tokens as f64 }
+}
+
+/// Rescales each sequence's advantage so that the token mean the loss takes becomes a mean over
+/// sequences of each one's token mean: a sequence of `n` generated tokens is scaled by
+/// `mean length / n`.
+fn average_per_sequence(seqs: &mut [rao_policy::Sequence]) {
+    let total: usize = seqs.iter().map(generated_len).sum();
+    let mean = total as f64 / seqs.len().max(1) as f64;
+    for s in seqs.iter_mut() {
+        let n = generated_len(s);
+        if n > 0 {
+            s.advantage = (s.advantage as f64 * mean / n as f64) as f32;
+        }
+    }
 }
 
 /// A node's advantage as the update weighs it.
@@ -127,6 +180,15 @@ impl TypedStage for Update {
             let grammar = training_grammar(&model, set.as_ref(), p.max_children)?;
             let LoadedModel { mut policy, tokenizer } = model;
             policy.optim.clip_norm = p.grad_clip;
+            // The learning curve travels with the checkpoint: previous iterations plus this one.
+            let prev = ctx.input("checkpoint")?[0].clone();
+            let mut history: Vec<std::collections::BTreeMap<String, f64>> = match ctx.read_input_file(&prev, HISTORY_FILE).await {
+                Ok(b) => serde_json::from_slice(&b)?,
+                Err(_) => Vec::new(),
+            };
+            if p.optimizer == OptimizerStart::Fresh && history.is_empty() {
+                policy.optim = rao_policy::params::AdamW::new(p.grad_clip, policy.optim.weight_decay);
+            }
             let nodes = read_trees(&ctx, "trees").await?;
             // Ids are only comparable in the token space the checkpoint acts in.
             let space = tokenizer.as_deref().map(token_space).unwrap_or_default();
@@ -145,6 +207,12 @@ impl TypedStage for Update {
                 .filter_map(|n| n.advantage.filter(|a| a.is_finite()).map(|a| node_sequence(n, weigh(a, p.negative_weight))))
                 .filter(|s| s.generated.iter().any(|g| *g))
                 .collect();
+            // Advantages sum to about zero over nodes; over tokens they need not (failed nodes run
+            // longer): what the loss pushes on average, before any averaging per sequence.
+            ctx.set_metric("advantage_per_token", advantage_per_token(&seqs));
+            if p.loss_mean == LossMean::Sequences {
+                average_per_sequence(&mut seqs);
+            }
             // Trees regrouped for the iteration's metrics.
             let mut trees: std::collections::BTreeMap<rao_core::TreeKey, Vec<rao_core::NodeRecord>> = Default::default();
             for n in &nodes {
@@ -190,12 +258,6 @@ impl TypedStage for Update {
             }
             policy.version += 1;
             ctx.set_metric("policy_version", policy.version as f64);
-            // The learning curve travels with the checkpoint: previous iterations plus this one.
-            let prev = ctx.input("checkpoint")?[0].clone();
-            let mut history: Vec<std::collections::BTreeMap<String, f64>> = match ctx.read_input_file(&prev, HISTORY_FILE).await {
-                Ok(b) => serde_json::from_slice(&b)?,
-                Err(_) => Vec::new(),
-            };
             let mut row = ctx.metrics_snapshot();
             let r: Vec<f64> = nodes.iter().filter(|n| n.parent_id.is_none()).filter_map(|n| n.local_reward).collect();
             row.insert("mean_root_reward".into(), r.iter().sum::<f64>() / r.len().max(1) as f64);
@@ -208,7 +270,26 @@ impl TypedStage for Update {
 
 #[cfg(test)]
 mod tests {
-    use super::weigh;
+    use super::{advantage_per_token, average_per_sequence, weigh};
+    use rao_policy::Sequence;
+
+    fn seq(prompt: usize, generated: usize, advantage: f32) -> Sequence {
+        let completion = vec![1; generated];
+        Sequence::from_completion(&vec![1; prompt], &completion, &vec![0.0; generated], advantage, false)
+    }
+
+    #[test]
+    fn averaging_per_sequence_weighs_every_node_alike_whatever_its_length() {
+        // A short success and a long failure: their advantages cancel per node, not per token.
+        let mut seqs = vec![seq(5, 2, 1.0), seq(3, 6, -1.0), seq(4, 4, 0.5)];
+        // Per token: (1·2 − 1·6 + 0.5·4) / 12 tokens.
+        assert!((advantage_per_token(&seqs) + 1.0 / 6.0).abs() < 1e-6, "{}", advantage_per_token(&seqs));
+        average_per_sequence(&mut seqs);
+        let per_node = (1.0 - 1.0 + 0.5) / 3.0;
+        assert!((advantage_per_token(&seqs) - per_node).abs() < 1e-6, "{}", advantage_per_token(&seqs));
+        // Signs are kept and the mean length is unchanged, so the loss's scale stays comparable.
+        assert!(seqs[0].advantage > 1.0 && seqs[1].advantage < 0.0 && seqs[1].advantage > -1.0);
+    }
 
     #[test]
     fn only_negative_advantages_are_weighed() {
