@@ -29,6 +29,8 @@ pub struct Row {
     pub instance: String,
     pub stage: String,
     pub kind: String,
+    /// The loop iteration (from 1) of a loop-body instance; none outside loops.
+    pub iteration: Option<u32>,
     pub state: State,
     pub fingerprint: Option<String>,
     pub reasons: Vec<String>,
@@ -91,6 +93,7 @@ pub async fn rows(c: &Compiled, store: &Store) -> StoreResult<Vec<Row>> {
             instance: inst.name.clone(),
             stage: inst.stage.clone(),
             kind: inst.kind.clone(),
+            iteration: inst.iteration.map(|(_, k)| k),
             state,
             fingerprint: snap.fps[i].clone(),
             reasons,

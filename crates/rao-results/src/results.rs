@@ -232,8 +232,8 @@ impl RunResults {
 pub async fn evaluations(c: &Compiled, store: &Store) -> anyhow::Result<(Vec<(String, Vec<EvalRow>)>, Vec<String>)> {
     let mut found = Vec::new();
     let mut missing = Vec::new();
-    // `STAGE@k`: an evaluation inside a loop (a learning curve's point), not a result to compare.
-    for r in rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.kind == EVALUATE && !r.instance.contains('@')) {
+    // An evaluation inside a loop is a learning curve's point, not a result to compare.
+    for r in rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.kind == EVALUATE && r.iteration.is_none()) {
         let rows = match (&r.state, &r.fingerprint) {
             (State::Done, Some(fp)) => match manifest::read(store, fp).await?.done() {
                 Some(m) => store.get_json::<Vec<EvalRow>>(&format!("{}/summary.json", m.output_prefix("report"))).await?,
