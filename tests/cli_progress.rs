@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+use crate::support::command;
 
 /// Every stage kind that reports progress, scaled down to seconds. The rollout runs the
 /// warm-started policy, so some trees of a group succeed and some do not: the update has signal.
@@ -65,10 +67,6 @@ stages:
     params: {label: rl, modes: [flat], group_size: 2, limits: "${params.limits}"}
 "#;
 
-fn rao(dir: &Path, args: &[&str]) -> Command {
-    crate::support::command(args, dir)
-}
-
 fn events(stdout: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(stdout).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
 }
@@ -83,7 +81,7 @@ fn json_events_report_each_stages_progress_with_increasing_counts() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("p.yaml"), PIPELINE).unwrap();
     for executor in ["in-process", "process"] {
-        let o = rao(dir.path(), &["run", "p.yaml", "--store", executor, "--json", "--executor", executor]).output().unwrap();
+        let o = command(&["run", "p.yaml", "--store", executor, "--json", "--executor", executor], dir.path()).output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         check_progress(&events(&o.stdout), &run_record(dir.path(), executor));
     }
@@ -146,8 +144,7 @@ fn ctrl_c_stops_a_running_warm_start_within_seconds_and_records_the_run_as_cance
 fn ctrl_c_during_the_warm_start(dir: &Path, executor: &str) {
     // A warm start far longer than the test, with no gate check on the way: only its own
     // steps can notice the cancellation.
-    let mut child = rao(
-        dir,
+    let mut child = command(
         &[
             "run",
             "p.yaml",
@@ -161,6 +158,7 @@ fn ctrl_c_during_the_warm_start(dir: &Path, executor: &str) {
             "--set",
             "stages.warmstart.params.eval_every=1000000",
         ],
+        dir,
     )
     .stdout(Stdio::piped())
     .stderr(Stdio::piped())

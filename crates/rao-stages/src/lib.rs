@@ -23,6 +23,7 @@ pub fn registry() -> Registry {
     r.register(Arc::new(Typed::<synthesize::Synthesize>::default()));
     r.register(Arc::new(Typed::<textcraft_files::TextCraftFiles>::default()));
     r.register(Arc::new(Typed::<textcraft_minecraft::TextCraftMinecraft>::default()));
+    r.register(Arc::new(Typed::<rename_items::RenameItems>::default()));
     r.register(Arc::new(Typed::<rollout::Rollout>::default()));
     r.register(Arc::new(Typed::<warmstart::Warmstart>::default()));
     r.register(Arc::new(Typed::<judge::Judge>::default()));
@@ -48,6 +49,7 @@ pub mod judge;
 pub mod llm_judge;
 pub mod neural;
 pub mod openai_policy;
+pub mod rename_items;
 pub mod serve;
 pub mod text_model;
 pub mod text_policy;
