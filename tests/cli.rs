@@ -3,6 +3,7 @@
 
 mod support;
 
+mod cli_architecture;
 mod cli_bad_inputs;
 mod cli_damaged_manifest;
 mod cli_pipeline;

@@ -108,7 +108,8 @@ fn readme_serve_example(addr: &str) -> (String, String) {
         let start = section.find(fence).unwrap_or_else(|| panic!("a {fence} block in the serve section")) + fence.len();
         section[start..start + section[start..].find("```").unwrap()].replace("127.0.0.1:8000", addr)
     };
-    let curl = block("```sh\n").lines().filter(|l| l.starts_with("curl ")).collect::<Vec<_>>().join("\n");
+    // Its lines that talk to the server: the wait for it to listen, then the request.
+    let curl = block("```sh\n").lines().filter(|l| l.starts_with("curl ") || l.starts_with("until curl ")).collect::<Vec<_>>().join("\n");
     assert!(!curl.is_empty(), "the serve section's shell block talks to the server with curl");
     (curl, block("```python\n"))
 }
@@ -223,7 +224,8 @@ except openai.BadRequestError as e:
     // The README's serve example, as pasted (its address made this server's): the curl pipe and
     // the Python client each get an action back; `--explain` prints what a request holds.
     let (curl, python_example) = readme_serve_example(&addr);
-    let out = Command::new("sh").arg("-c").arg(&curl).output().expect("sh runs");
+    // (`timeout`: a wait line whose route the server lacks would loop for ever.)
+    let out = Command::new("timeout").args(["60", "sh", "-c"]).arg(&curl).output().expect("sh runs");
     let reply: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("the README's curl example ({e}):\n{curl}\n{}", String::from_utf8_lossy(&out.stdout)));
     assert!(!reply["choices"][0]["message"]["content"].as_str().unwrap_or("").is_empty(), "{reply}");

@@ -87,14 +87,23 @@ impl Server {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
+    /// Its exit status, waiting up to `grace` for it; `None` if it still runs.
+    fn exit_within(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        let t0 = Instant::now();
+        loop {
+            match self.child.try_wait() {
+                Ok(None) if t0.elapsed() < grace => std::thread::sleep(Duration::from_millis(200)),
+                Ok(status) => return status,
+                Err(_) => return None,
+            }
+        }
+    }
+
     /// SIGTERM to the group, up to `grace` for it to go, then SIGKILL to what is left.
     fn stop(mut self, grace: Duration) {
         let group = self.group();
         unsafe { libc::kill(-group, libc::SIGTERM) };
-        let t0 = Instant::now();
-        while self.child.try_wait().ok().flatten().is_none() && t0.elapsed() < grace {
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let _ = self.exit_within(grace);
         unsafe { libc::kill(-group, libc::SIGKILL) };
         let _ = self.child.wait();
         let _ = self.guard.kill();
@@ -134,19 +143,36 @@ pub async fn urls(launch: &EngineLaunch, base_dir: &Path, served_name: &str, lor
     Ok(urls)
 }
 
+/// How long a server that no longer answers /health gets to exit before it is reported as
+/// hung: after a crash vLLM's teardown takes seconds on a loaded machine, and the requests
+/// fail before it has ended.
+const DYING_GRACE: Duration = Duration::from_secs(60);
+
 /// Why requests to `urls` may have failed: for each server among them that rao started and
-/// that has exited since, its exit status, its log's path and the first exception in the log
-/// (vLLM writes the cause far above the shutdown noise at the end).
+/// that has exited since (or no longer answers /health and does not exit within
+/// `DYING_GRACE`), its exit status, its log's path and the first exception in the log (vLLM
+/// writes the cause far above the shutdown noise at the end). Called on the failure path
+/// only, so the wait for a dying server costs nothing in a healthy run.
 pub fn exited(urls: &[String]) -> Vec<String> {
     let Ok(mut engines) = ENGINES.try_lock() else { return Vec::new() };
     let mut out = Vec::new();
     for e in engines.iter_mut() {
         for (url, server) in e.urls.iter().zip(e.servers.iter_mut()) {
-            if let (true, Ok(Some(status))) = (urls.contains(url), server.child.try_wait()) {
-                let log = std::fs::read_to_string(&server.log).unwrap_or_default();
-                let cause = first_exception(&log).map(|e| format!(", the first exception in it `{e}`")).unwrap_or_default();
-                out.push(format!("the engine rao started at {url} exited ({status}); its log is {}{cause}", server.log.display()));
+            if !urls.contains(url) {
+                continue;
             }
+            let status = match server.child.try_wait() {
+                Ok(Some(status)) => Some(status),
+                Ok(None) if !answers(&health_url(url)) => server.exit_within(DYING_GRACE),
+                _ => continue,
+            };
+            let log = std::fs::read_to_string(&server.log).unwrap_or_default();
+            let cause = first_exception(&log).map(|e| format!(", the first exception in it `{e}`")).unwrap_or_default();
+            let what = match status {
+                Some(status) => format!("exited ({status})"),
+                None => format!("stopped answering /health and has not exited within {} s", DYING_GRACE.as_secs()),
+            };
+            out.push(format!("the engine rao started at {url} {what}; its log is {}{cause}", server.log.display()));
         }
     }
     out
@@ -222,7 +248,7 @@ fn start(launch: &EngineLaunch, model: &Path, served: &str, lora_rank: Option<us
     let t0 = Instant::now();
     let limit = Duration::from_secs(launch.start_timeout_s);
     for i in 0..servers.len() {
-        let health = servers[i].0.trim_end_matches("/v1").to_string() + "/health";
+        let health = health_url(&servers[i].0);
         loop {
             let server = &mut servers[i].1;
             if let Some(status) = server.child.try_wait()? {
@@ -251,6 +277,11 @@ fn stop_these(servers: Vec<(String, Server)>) {
     for (_, s) in servers {
         s.stop(Duration::from_secs(5));
     }
+}
+
+/// A server's health check URL from its base URL (`http://127.0.0.1:PORT/v1`).
+fn health_url(base: &str) -> String {
+    base.trim_end_matches("/v1").to_string() + "/health"
 }
 
 /// Whether `GET url` answers 200 (one short HTTP/1.1 exchange).
