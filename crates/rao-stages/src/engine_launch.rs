@@ -77,6 +77,25 @@ struct Server {
 }
 
 impl Server {
+    /// Starts `cmd` in a process group of its own, its output to `log`, with a guard that stops
+    /// the group when rao's end of a pipe closes (rao ended, however it ended).
+    fn spawn(mut cmd: Command, log: PathBuf) -> std::io::Result<Server> {
+        let out = std::fs::File::create(&log)?;
+        cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let child = cmd.spawn()?;
+        let group = child.id();
+        // `kill -SIG -PGID`: dash, a common /bin/sh, takes no `--` there.
+        let mut guard = Command::new("sh")
+            .args(["-c", &format!("read _; kill -TERM -{group} 2>/dev/null; sleep 10; kill -KILL -{group} 2>/dev/null")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let pipe = guard.stdin.take().expect("piped");
+        Ok(Server { child, _guard_pipe: pipe, guard, log })
+    }
+
     fn group(&self) -> i32 {
         self.child.id() as i32
     }
@@ -97,6 +116,23 @@ impl Server {
                 Err(_) => return None,
             }
         }
+    }
+
+    /// What went wrong with this server at `url`, if anything: it has exited, or it no longer
+    /// answers /health and does not exit within `grace` (hung). `None` while it answers.
+    fn failure(&mut self, url: &str, grace: Duration) -> Option<String> {
+        let status = match self.child.try_wait() {
+            Ok(Some(status)) => Some(status),
+            Ok(None) if !answers(&health_url(url)) => self.exit_within(grace),
+            _ => return None,
+        };
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let cause = first_exception(&log).map(|e| format!(", the first exception in it `{e}`")).unwrap_or_default();
+        let what = match status {
+            Some(status) => format!("exited ({status})"),
+            None => format!("stopped answering /health and has not exited within {} s", grace.as_secs()),
+        };
+        Some(format!("the engine rao started at {url} {what}; its log is {}{cause}", self.log.display()))
     }
 
     /// SIGTERM to the group, up to `grace` for it to go, then SIGKILL to what is left.
@@ -158,21 +194,9 @@ pub fn exited(urls: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     for e in engines.iter_mut() {
         for (url, server) in e.urls.iter().zip(e.servers.iter_mut()) {
-            if !urls.contains(url) {
-                continue;
+            if urls.contains(url) {
+                out.extend(server.failure(url, DYING_GRACE));
             }
-            let status = match server.child.try_wait() {
-                Ok(Some(status)) => Some(status),
-                Ok(None) if !answers(&health_url(url)) => server.exit_within(DYING_GRACE),
-                _ => continue,
-            };
-            let log = std::fs::read_to_string(&server.log).unwrap_or_default();
-            let cause = first_exception(&log).map(|e| format!(", the first exception in it `{e}`")).unwrap_or_default();
-            let what = match status {
-                Some(status) => format!("exited ({status})"),
-                None => format!("stopped answering /health and has not exited within {} s", DYING_GRACE.as_secs()),
-            };
-            out.push(format!("the engine rao started at {url} {what}; its log is {}{cause}", server.log.display()));
         }
     }
     out
@@ -215,7 +239,6 @@ fn start(launch: &EngineLaunch, model: &Path, served: &str, lora_rank: Option<us
     for _ in 0..launch.servers {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let log = logs.join(format!("vllm-{}-{port}.log", std::process::id()));
-        let out = std::fs::File::create(&log)?;
         let mut cmd = Command::new(&python);
         cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"]).arg(model).args([
             "--served-model-name",
@@ -230,20 +253,10 @@ fn start(launch: &EngineLaunch, model: &Path, served: &str, lora_rank: Option<us
             cmd.args(["--enable-lora", "--max-lora-rank", &max_rank.to_string(), "--max-loras", "2"]);
             cmd.env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True");
         }
-        cmd.args(&launch.args).envs(&launch.env).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let child = cmd.spawn().map_err(|e| anyhow::anyhow!("could not start `{}` (the Python with vLLM): {e}", python.display()))?;
-        let group = child.id();
-        // The guard: when rao's end of the pipe closes (rao ended, however), stop the group
-        // (`kill -SIG -PGID`: dash, a common /bin/sh, takes no `--` there).
-        let mut guard = Command::new("sh")
-            .args(["-c", &format!("read _; kill -TERM -{group} 2>/dev/null; sleep 10; kill -KILL -{group} 2>/dev/null")])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let pipe = guard.stdin.take().expect("piped");
-        servers.push((format!("http://127.0.0.1:{port}/v1"), Server { child, _guard_pipe: pipe, guard, log }));
+        cmd.args(&launch.args).envs(&launch.env);
+        let server =
+            Server::spawn(cmd, log).map_err(|e| anyhow::anyhow!("could not start `{}` (the Python with vLLM): {e}", python.display()))?;
+        servers.push((format!("http://127.0.0.1:{port}/v1"), server));
     }
     let t0 = Instant::now();
     let limit = Duration::from_secs(launch.start_timeout_s);
@@ -300,7 +313,61 @@ fn answers(url: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::first_exception;
+    use super::{Server, first_exception};
+    use std::io::{Read, Write};
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    /// A base URL of 127.0.0.1 where nothing listens.
+    fn silent_url() -> String {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        format!("http://127.0.0.1:{port}/v1")
+    }
+
+    fn server(script: &str, dir: &std::path::Path) -> Server {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        Server::spawn(cmd, dir.join("engine.log")).unwrap()
+    }
+
+    /// A server that stopped answering is given the grace to exit, and its exit and the cause
+    /// in its log are named; one that neither answers nor exits is named as hung.
+    #[test]
+    fn a_dying_engine_is_named_with_its_cause_and_a_hung_one_as_hung() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = silent_url();
+        let mut dying = server("sleep 1; echo 'RuntimeError: out of blocks'; exit 3", dir.path());
+        let said = dying.failure(&url, Duration::from_secs(30)).expect("a failure");
+        assert!(said.contains("exited (exit status: 3)") && said.contains("`RuntimeError: out of blocks`"), "{said}");
+
+        let mut hung = server("exec sleep 600", dir.path());
+        let t0 = Instant::now();
+        let said = hung.failure(&url, Duration::from_secs(1)).expect("a failure");
+        assert!(said.contains("stopped answering /health and has not exited within 1 s"), "{said}");
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        // `stop` waits for the process: it returns early only if the SIGKILL after the grace took.
+        let t0 = Instant::now();
+        hung.stop(Duration::from_secs(1));
+        assert!(t0.elapsed() < Duration::from_secs(30), "the hung engine outlived its stop");
+    }
+
+    /// A server that answers /health is not blamed for a failed request.
+    #[test]
+    fn an_engine_that_answers_is_not_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                let mut buf = [0u8; 1024];
+                let _ = conn.read(&mut buf);
+                let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+            }
+        });
+        let mut alive = server("exec sleep 600", dir.path());
+        assert_eq!(alive.failure(&url, Duration::from_secs(30)), None);
+        alive.stop(Duration::from_secs(1));
+    }
 
     #[test]
     fn the_first_exception_of_a_log_is_its_cause() {
