@@ -307,8 +307,9 @@ fn answers(url: &str) -> bool {
     if write!(s, "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").is_err() {
         return false;
     }
+    // `HTTP/1.x 200`: a server may answer in HTTP/1.0 (Python's http.server does).
     let mut head = [0u8; 12];
-    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[8..] == b" 200"
 }
 
 #[cfg(test)]
@@ -351,21 +352,31 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_secs(30), "the hung engine outlived its stop");
     }
 
-    /// A server that answers /health is not blamed for a failed request.
-    #[test]
-    fn an_engine_that_answers_is_not_named() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A base URL of 127.0.0.1 whose every request gets `status_line` back.
+    fn answering_url(status_line: &'static str) -> String {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/v1", listener.local_addr().unwrap());
         std::thread::spawn(move || {
             for mut conn in listener.incoming().flatten() {
                 let mut buf = [0u8; 1024];
                 let _ = conn.read(&mut buf);
-                let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+                let _ = conn.write_all(format!("{status_line}\r\ncontent-length: 0\r\n\r\n").as_bytes());
             }
         });
+        url
+    }
+
+    /// A server that answers /health (in HTTP/1.1 or 1.0) is not blamed for a failed request;
+    /// one that answers with an error is.
+    #[test]
+    fn an_engine_that_answers_is_not_named() {
+        let dir = tempfile::tempdir().unwrap();
         let mut alive = server("exec sleep 600", dir.path());
-        assert_eq!(alive.failure(&url, Duration::from_secs(30)), None);
+        for status_line in ["HTTP/1.1 200 OK", "HTTP/1.0 200 OK"] {
+            assert_eq!(alive.failure(&answering_url(status_line), Duration::from_secs(30)), None, "{status_line}");
+        }
+        let said = alive.failure(&answering_url("HTTP/1.1 503 Service Unavailable"), Duration::from_secs(1));
+        assert!(said.is_some_and(|s| s.contains("stopped answering /health")));
         alive.stop(Duration::from_secs(1));
     }
 

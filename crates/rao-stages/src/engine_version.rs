@@ -88,7 +88,11 @@ fn write_adapter(policy: &Policy, base: &str, adapter_root: &Path) -> anyhow::Re
 pub async fn load(client: &reqwest::Client, url: &str, name: &str, dir: &Path) -> anyhow::Result<()> {
     let endpoint = format!("{}/load_lora_adapter", url.trim_end_matches('/'));
     let body = json!({"lora_name": name, "lora_path": dir.display().to_string()});
-    let resp = client.post(&endpoint).json(&body).send().await.map_err(|e| anyhow::anyhow!("{endpoint}: {e}"))?;
+    let resp = client.post(&endpoint).json(&body).send().await.map_err(|e| {
+        // An engine rao started that has died or hung is named, with the cause in its log.
+        let gone: String = crate::engine_launch::exited(&[url.to_string()]).iter().map(|g| format!("; {g}")).collect();
+        anyhow::anyhow!("{endpoint}: {e}{gone}")
+    })?;
     let status = resp.status();
     if status.is_success() {
         return Ok(());
