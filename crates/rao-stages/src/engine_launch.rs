@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use schemars::JsonSchema;
@@ -136,7 +137,7 @@ impl Server {
     }
 
     /// SIGTERM to the group, up to `grace` for it to go, then SIGKILL to what is left.
-    fn stop(mut self, grace: Duration) {
+    fn stop(&mut self, grace: Duration) {
         let group = self.group();
         unsafe { libc::kill(-group, libc::SIGTERM) };
         let _ = self.exit_within(grace);
@@ -147,13 +148,20 @@ impl Server {
     }
 }
 
+/// One `launch` of this run: the servers' base URLs, found again by the launch's key.
 struct Launched {
     key: String,
     urls: Vec<String>,
-    servers: Vec<Server>,
 }
 
+/// The launches started so far. Held across a start, so that stages asking for the same launch
+/// at once start it once.
 static ENGINES: tokio::sync::Mutex<Vec<Launched>> = tokio::sync::Mutex::const_new(Vec::new());
+
+/// Every server this process started, by base URL, each behind a lock of its own: a diagnosis
+/// (which may wait `DYING_GRACE` for a dying server) holds neither a start nor other servers,
+/// and a second caller diagnosing the same server waits for the first and gets its answer.
+static SERVERS: parking_lot::Mutex<Vec<(String, Arc<parking_lot::Mutex<Server>>)>> = parking_lot::const_mutex(Vec::new());
 
 /// The base URLs (`http://127.0.0.1:PORT/v1`) of the servers of `launch`, serving the model as
 /// `served_name`, started now if this run has not started them yet. `lora_rank`: the rank of
@@ -175,7 +183,8 @@ pub async fn urls(launch: &EngineLaunch, base_dir: &Path, served_name: &str, lor
     let served = served_name.to_string();
     let started = tokio::task::spawn_blocking(move || start(&launch, &model, &served, lora_rank)).await??;
     let urls = started.iter().map(|(url, _)| url.clone()).collect::<Vec<_>>();
-    engines.push(Launched { key, urls: urls.clone(), servers: started.into_iter().map(|(_, s)| s).collect() });
+    SERVERS.lock().extend(started.into_iter().map(|(url, s)| (url, Arc::new(parking_lot::Mutex::new(s)))));
+    engines.push(Launched { key, urls: urls.clone() });
     Ok(urls)
 }
 
@@ -190,16 +199,13 @@ const DYING_GRACE: Duration = Duration::from_secs(60);
 /// writes the cause far above the shutdown noise at the end). Called on the failure path
 /// only, so the wait for a dying server costs nothing in a healthy run.
 pub fn exited(urls: &[String]) -> Vec<String> {
-    let Ok(mut engines) = ENGINES.try_lock() else { return Vec::new() };
-    let mut out = Vec::new();
-    for e in engines.iter_mut() {
-        for (url, server) in e.urls.iter().zip(e.servers.iter_mut()) {
-            if urls.contains(url) {
-                out.extend(server.failure(url, DYING_GRACE));
-            }
-        }
-    }
-    out
+    diagnose(urls, DYING_GRACE)
+}
+
+fn diagnose(urls: &[String], grace: Duration) -> Vec<String> {
+    let asked: Vec<(String, Arc<parking_lot::Mutex<Server>>)> =
+        SERVERS.lock().iter().filter(|(url, _)| urls.contains(url)).map(|(url, s)| (url.clone(), s.clone())).collect();
+    asked.into_iter().filter_map(|(url, server)| server.lock().failure(&url, grace)).collect()
 }
 
 /// The first `SomethingError: …` or `SomethingException: …` a log reports, without the log
@@ -216,14 +222,14 @@ fn first_exception(log: &str) -> Option<&str> {
 
 /// Stops every server this process started (the end of a run).
 pub async fn stop_all() {
-    let launched = std::mem::take(&mut *ENGINES.lock().await);
-    let servers: Vec<Server> = launched.into_iter().flat_map(|l| l.servers).collect();
+    ENGINES.lock().await.clear();
+    let servers = std::mem::take(&mut *SERVERS.lock());
     if servers.is_empty() {
         return;
     }
     let _ = tokio::task::spawn_blocking(move || {
-        for s in servers {
-            s.stop(Duration::from_secs(15));
+        for (_, s) in servers {
+            s.lock().stop(Duration::from_secs(15));
         }
     })
     .await;
@@ -287,7 +293,7 @@ fn start(launch: &EngineLaunch, model: &Path, served: &str, lora_rank: Option<us
 }
 
 fn stop_these(servers: Vec<(String, Server)>) {
-    for (_, s) in servers {
+    for (_, mut s) in servers {
         s.stop(Duration::from_secs(5));
     }
 }
@@ -350,6 +356,28 @@ mod tests {
         let t0 = Instant::now();
         hung.stop(Duration::from_secs(1));
         assert!(t0.elapsed() < Duration::from_secs(30), "the hung engine outlived its stop");
+    }
+
+    /// A diagnosis does not wait for a start (the launches' lock), and two callers asking about
+    /// the same dying server at once both get its exit and cause.
+    #[test]
+    fn concurrent_callers_each_get_the_diagnosis_while_a_start_holds_the_launches() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = silent_url();
+        let dying = server("sleep 1; echo 'RuntimeError: out of blocks'; exit 3", dir.path());
+        super::SERVERS.lock().push((url.clone(), std::sync::Arc::new(parking_lot::Mutex::new(dying))));
+        let _start_in_progress = super::ENGINES.try_lock().unwrap();
+        let callers: Vec<_> = (0..2)
+            .map(|_| {
+                let url = url.clone();
+                std::thread::spawn(move || super::diagnose(std::slice::from_ref(&url), Duration::from_secs(30)))
+            })
+            .collect();
+        for caller in callers {
+            let said = caller.join().unwrap();
+            assert!(said.len() == 1 && said[0].contains("exited (exit status: 3)") && said[0].contains("out of blocks"), "{said:?}");
+        }
+        super::SERVERS.lock().retain(|(u, _)| *u != url);
     }
 
     /// A base URL of 127.0.0.1 whose every request gets `status_line` back.

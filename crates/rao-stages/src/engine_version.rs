@@ -88,11 +88,17 @@ fn write_adapter(policy: &Policy, base: &str, adapter_root: &Path) -> anyhow::Re
 pub async fn load(client: &reqwest::Client, url: &str, name: &str, dir: &Path) -> anyhow::Result<()> {
     let endpoint = format!("{}/load_lora_adapter", url.trim_end_matches('/'));
     let body = json!({"lora_name": name, "lora_path": dir.display().to_string()});
-    let resp = client.post(&endpoint).json(&body).send().await.map_err(|e| {
-        // An engine rao started that has died or hung is named, with the cause in its log.
-        let gone: String = crate::engine_launch::exited(&[url.to_string()]).iter().map(|g| format!("; {g}")).collect();
-        anyhow::anyhow!("{endpoint}: {e}{gone}")
-    })?;
+    let resp = match client.post(&endpoint).json(&body).send().await {
+        Ok(resp) => resp,
+        Err(e) => {
+            // An engine rao started that has died or hung is named, with the cause in its log
+            // (off the async workers: it may wait for a dying engine to exit).
+            let urls = vec![url.to_string()];
+            let gone = tokio::task::spawn_blocking(move || crate::engine_launch::exited(&urls)).await.unwrap_or_default();
+            let gone: String = gone.iter().map(|g| format!("; {g}")).collect();
+            anyhow::bail!("{endpoint}: {e}{gone}")
+        }
+    };
     let status = resp.status();
     if status.is_success() {
         return Ok(());
