@@ -53,6 +53,58 @@ pub struct UpdateParams {
     /// update behind it; later updates carry their own).
     #[serde(default)]
     pub optimizer: OptimizerStart,
+    /// How the learning rate moves over the RL updates (counted from the checkpoint's history):
+    /// `{kind: constant}` (RAO's), or `{kind: linear | cosine, updates: N, final_fraction: F}`,
+    /// from `lr` down to `lr × F` over the first N updates, then held there.
+    #[serde(default)]
+    pub lr_schedule: LrSchedule,
+}
+
+/// The learning rate as a function of how many RL updates came before.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, serde::Serialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LrSchedule {
+    #[default]
+    Constant,
+    Linear {
+        updates: usize,
+        #[serde(default)]
+        final_fraction: f64,
+    },
+    Cosine {
+        updates: usize,
+        #[serde(default)]
+        final_fraction: f64,
+    },
+}
+
+impl LrSchedule {
+    /// The learning rate of the update that has `done` RL updates behind it.
+    pub fn lr(self, lr: f64, done: usize) -> f64 {
+        let (updates, last, cosine) = match self {
+            LrSchedule::Constant => return lr,
+            LrSchedule::Linear { updates, final_fraction } => (updates, final_fraction, false),
+            LrSchedule::Cosine { updates, final_fraction } => (updates, final_fraction, true),
+        };
+        let t = done.min(updates) as f64 / updates.max(1) as f64;
+        let left = if cosine { 0.5 * (1.0 + (std::f64::consts::PI * t).cos()) } else { 1.0 - t };
+        lr * (last + (1.0 - last) * left)
+    }
+
+    fn problems(self) -> Option<String> {
+        match self {
+            LrSchedule::Constant => None,
+            LrSchedule::Linear { updates, final_fraction } | LrSchedule::Cosine { updates, final_fraction } => {
+                if updates == 0 {
+                    Some("lr_schedule.updates is 0: give how many updates the decay takes, e.g. the loop's max_iterations".into())
+                } else if !(0.0..=1.0).contains(&final_fraction) {
+                    Some(format!("lr_schedule.final_fraction is {final_fraction}: the share of lr left at the end, from 0 to 1"))
+                } else {
+                    None
+                }
+            }
+        }
+    }
 }
 
 /// Where the first RL update's optimiser state comes from.
@@ -145,14 +197,18 @@ impl TypedStage for Update {
     const OUTPUTS: &'static [&'static str] = &["checkpoint"];
 
     fn check(p: &UpdateParams, _inputs: &[&str]) -> Vec<ParamError> {
-        match p.negative_weight.is_finite() && p.negative_weight >= 0.0 {
-            true => Vec::new(),
-            false => vec![ParamError {
+        let mut out = Vec::new();
+        if !(p.negative_weight.is_finite() && p.negative_weight >= 0.0) {
+            out.push(ParamError {
                 key: Some("negative_weight".into()),
                 message: format!("negative_weight is {}: it scales negative advantages, so 0 or more", p.negative_weight),
                 help: Some("1 is RAO's update; 0 learns from better-than-baseline nodes only".into()),
-            }],
+            });
         }
+        if let Some(message) = p.lr_schedule.problems() {
+            out.push(ParamError { key: Some("lr_schedule".into()), message, help: None });
+        }
+        out
     }
 
     /// The update scores each token under the grammar the rollout sampled it from; another cap
@@ -202,6 +258,8 @@ impl TypedStage for Update {
                     name(&space)
                 );
             }
+            let lr = p.lr_schedule.lr(p.lr, history.len());
+            ctx.set_metric("lr", lr);
             let mut seqs: Vec<_> = nodes
                 .iter()
                 .filter_map(|n| n.advantage.filter(|a| a.is_finite()).map(|a| node_sequence(n, weigh(a, p.negative_weight))))
@@ -243,7 +301,7 @@ impl TypedStage for Update {
                 for _ in 0..p.steps {
                     rng.shuffle(&mut seqs);
                     for chunk in seqs.chunks(mb) {
-                        last = policy.train_step(chunk, grammar.as_ref(), p.loss, p.lr, p.temperature);
+                        last = policy.train_step(chunk, grammar.as_ref(), p.loss, lr, p.temperature);
                         done += 1;
                         ctx.progress(done, total, "steps", format!("loss {:.4}", last.loss));
                         ctx.cancellation_point().await?;
@@ -270,7 +328,7 @@ impl TypedStage for Update {
 
 #[cfg(test)]
 mod tests {
-    use super::{advantage_per_token, average_per_sequence, weigh};
+    use super::{LrSchedule, advantage_per_token, average_per_sequence, weigh};
     use rao_policy::Sequence;
 
     fn seq(prompt: usize, generated: usize, advantage: f32) -> Sequence {
@@ -298,5 +356,22 @@ mod tests {
         assert_eq!(weigh(-0.5, 1.0), -0.5);
         assert_eq!(weigh(-0.5, 0.0), 0.0);
         assert_eq!(weigh(0.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn a_schedule_decays_from_lr_to_its_final_fraction_and_holds_there() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(LrSchedule::Constant.lr(5e-4, 1_000), 5e-4));
+        let cosine = LrSchedule::Cosine { updates: 200, final_fraction: 0.1 };
+        let linear = LrSchedule::Linear { updates: 200, final_fraction: 0.1 };
+        for s in [cosine, linear] {
+            assert!(close(s.lr(1e-3, 0), 1e-3));
+            assert!(close(s.lr(1e-3, 100), 0.55e-3), "half way: {}", s.lr(1e-3, 100));
+            assert!(close(s.lr(1e-3, 200), 1e-4) && close(s.lr(1e-3, 5_000), 1e-4));
+        }
+        // The cosine stays near lr early and falls fastest in the middle.
+        assert!(cosine.lr(1e-3, 20) > linear.lr(1e-3, 20));
+        assert!(LrSchedule::Linear { updates: 0, final_fraction: 0.0 }.problems().is_some());
+        assert!(LrSchedule::Cosine { updates: 10, final_fraction: 1.5 }.problems().is_some());
     }
 }
