@@ -886,6 +886,27 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     assert!(!twice.status.success() && text(&twice).contains("seed 1 is given twice"), "{}", text(&twice));
     let bad = rao(&["compare", "a.yaml", "--metric", "sucess"], dir.path());
     assert!(!bad.status.success() && text(&bad).contains("unknown metric `sucess`"), "{}", text(&bad));
+
+    // One file against itself under another setting (`B:` sets the second only), seed by seed.
+    let o = rao(&["run", "a.yaml", "--set", "params.window=640"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let own = |extra: &[&str]| {
+        let args = [&["compare", "a.yaml", "a.yaml", "--set", "B:params.window=640", "--metric", "success", "--columns", "seeds"], extra].concat();
+        rao(&args, dir.path())
+    };
+    let o = own(&["--seeds", "1,2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(out.contains("| `params.window` | 96 | 640 |"), "{out}");
+    assert!(out.contains("| | evaluation | mode | band | seed 1 | seed 2 | mean |\n|---|---|---|---|---|---|---|\n"), "{out}");
+    assert!(out.contains("| A | eval (expert) | flat | medium | 0.00 | 0.00 | 0.00 [0.00, 0.00] |\n"), "{out}");
+    // B's seed 2 was never run at 640 tokens: its column says so, and so does the command to run.
+    assert!(out.contains("| B | eval (expert) | flat | medium | 1.00 | — | 1.00 [0.68, 1.00] ** (seed 1) |\n"), "{out}");
+    assert!(out.contains("`rao run a.yaml --set params.window=640 --set seed=2`"), "{out}");
+    let o = own(&["--set", "C:params.window=128"]);
+    assert!(!o.status.success() && text(&o).contains("--set C:params.window=128: no pipeline C: 2 are compared (A to B"), "{}", text(&o));
+    let o = own(&["--set", "B:seed=3", "--seeds", "1"]);
+    assert!(!o.status.success() && text(&o).contains("`--set seed=3` and `--seeds` both set the seed"), "{}", text(&o));
 }
 
 /// `rao results` rewrites a document's `<!-- rao compare … -->` blocks from the store: it leaves a

@@ -58,6 +58,9 @@ pub enum Layout {
     Pipelines,
     /// A row per (pipeline, evaluation, mode), a column per band: the shape of a results table.
     Bands,
+    /// A row per (pipeline, evaluation, mode, band), a column per seed and one for the mean: for
+    /// settings whose effect differs from seed to seed.
+    Seeds,
 }
 
 pub fn markdown(cmp: &Comparison, layout: Layout) -> String {
@@ -70,6 +73,7 @@ pub fn markdown(cmp: &Comparison, layout: Layout) -> String {
         match layout {
             Layout::Pipelines => by_pipeline(&mut s, cmp, m),
             Layout::Bands => by_band(&mut s, cmp, m),
+            Layout::Seeds => by_seed(&mut s, cmp, m),
         }
     }
     footer(&mut s, cmp);
@@ -147,6 +151,43 @@ fn by_band(s: &mut String, cmp: &Comparison, m: Metric) {
             .map(|b| format!(" {} |", row.iter().find(|c| c.band == *b).map(|c| shown(c, asked)).unwrap_or_else(|| "—".into())))
             .collect();
         let _ = writeln!(s, "| {} | {} | {} |{cols}", letter(arm), evaluation_text(&row, ev), mode);
+    }
+}
+
+fn by_seed(s: &mut String, cmp: &Comparison, m: Metric) {
+    let mut seeds: Vec<u64> = Vec::new();
+    for seed in cmp.pipelines.iter().flat_map(|(_, _, seeds)| seeds) {
+        if !seeds.contains(seed) {
+            seeds.push(*seed);
+        }
+    }
+    let seed_head: String = seeds.iter().map(|seed| format!(" seed {seed} |")).collect();
+    let _ = write!(
+        s,
+        "\n**{}**\n\n| | evaluation | mode | band |{seed_head} mean |\n|---|---|---|---|{}---|\n",
+        m.name(),
+        "---|".repeat(seeds.len())
+    );
+    let mut rows: Vec<&Cell> = cmp.cells.iter().filter(|c| c.metric == m).collect();
+    rows.sort_by_key(|c| c.arm);
+    for c in rows {
+        let cols: String = seeds
+            .iter()
+            .map(|seed| match c.seeds.iter().position(|s| s == seed) {
+                Some(i) => format!(" {} |", number(m, c.per_seed[i])),
+                None => " — |".into(),
+            })
+            .collect();
+        let asked = cmp.pipelines[c.arm].2.len();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} |{cols} {} |",
+            letter(c.arm),
+            evaluation_text(&[c], &c.evaluation),
+            c.mode,
+            md_escape(&c.band),
+            shown(c, asked)
+        );
     }
 }
 

@@ -18,22 +18,60 @@ pub const CLOSE: &str = "<!-- end rao compare -->";
 pub struct Block {
     /// The opening comment's line, from 1.
     pub line: usize,
-    /// `rao compare`'s arguments, as written (split at whitespace).
+    /// `rao compare`'s arguments, as written (split at whitespace outside `'…'`).
     pub args: Vec<String>,
     /// The bytes between the opening comment's line and the closing one.
     pub body: Range<usize>,
 }
 
 impl Block {
-    /// The command as a reader would type it.
+    /// The command as a reader would type it (and a POSIX shell reads back into `args`).
     pub fn command(&self) -> String {
-        format!("rao compare {}", self.args.join(" "))
+        let quoted: Vec<String> = self
+            .args
+            .iter()
+            .map(|a| match a.is_empty() || a.contains(|c: char| c.is_whitespace() || SHELL_CHARACTERS.contains(&c)) {
+                true => format!("'{a}'"),
+                false => a.clone(),
+            })
+            .collect();
+        format!("rao compare {}", quoted.join(" "))
     }
 }
 
-/// Characters that a shell would interpret: the arguments are not run by one, so a reader who
-/// pasted the command would get something else than `rao results` does.
-const SHELL_CHARACTERS: &[char] = &['"', '\'', '\\', '$', '`', '*', '?', '[', '{', '~', ';', '|', '&', '<', '>'];
+/// Characters that a shell would interpret outside quotes: the arguments are not run by one, so
+/// a reader who pasted the command would get something else than `rao results` does.
+const SHELL_CHARACTERS: &[char] = &['"', '\\', '$', '`', '*', '?', '[', '{', '~', ';', '|', '&', '<', '>'];
+
+/// `inner` split as a POSIX shell splits words when the only quoting is `'…'` (everything inside
+/// is literal, e.g. `'B:params.limits={window: 256}'`); a character a shell would interpret
+/// outside quotes is refused, naming it.
+fn words(inner: &str) -> Result<Vec<String>, String> {
+    let (mut words, mut word, mut quoted) = (Vec::new(), None::<String>, false);
+    for c in inner.chars() {
+        match (quoted, c) {
+            (true, '\'') => quoted = false,
+            (true, c) => word.get_or_insert_default().push(c),
+            (false, '\'') => {
+                quoted = true;
+                word.get_or_insert_default();
+            }
+            (false, c) if c.is_whitespace() => words.extend(word.take()),
+            (false, c) if SHELL_CHARACTERS.contains(&c) => {
+                return Err(format!(
+                    "`{c}` in the arguments: write each one plainly or inside '…' (no double quotes, globs, variables or \
+                     `~` outside them), since they are split at spaces and not run by a shell"
+                ));
+            }
+            (false, c) => word.get_or_insert_default().push(c),
+        }
+    }
+    if quoted {
+        return Err("a `'` is never closed: end the quoted argument with another `'`".into());
+    }
+    words.extend(word);
+    Ok(words)
+}
 
 /// A block that cannot be read: its line (from 1) and what to fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,16 +123,7 @@ pub fn blocks(text: &str) -> Result<Vec<Block>, BlockError> {
             let Some(inner) = rest.strip_suffix("-->") else {
                 return Err(error(number, "the opening comment must end on its line with `-->`".into()));
             };
-            if let Some(c) = inner.chars().find(|c| SHELL_CHARACTERS.contains(c)) {
-                return Err(error(
-                    number,
-                    format!(
-                        "`{c}` in the arguments: write each one plainly (no quotes, globs, variables or `~`), since \
-                     they are split at spaces and not run by a shell"
-                    ),
-                ));
-            }
-            let args: Vec<String> = inner.split_whitespace().map(str::to_string).collect();
+            let args = words(inner).map_err(|m| error(number, m))?;
             if args.is_empty() {
                 return Err(error(number, format!("no pipelines to compare: `{OPEN}A.yaml B.yaml --seeds 1,2,3 -->`")));
             }
@@ -152,6 +181,17 @@ mod tests {
     }
 
     #[test]
+    fn single_quotes_hold_an_argument_with_spaces_and_the_command_quotes_it_again() {
+        let doc = "<!-- rao compare a.yaml a.yaml --set 'B:params.limits={window: 256, max_nodes: 64}' --seeds 1 -->\n<!-- end rao compare -->\n";
+        let b = blocks(doc).unwrap();
+        assert_eq!(b[0].args, ["a.yaml", "a.yaml", "--set", "B:params.limits={window: 256, max_nodes: 64}", "--seeds", "1"]);
+        assert_eq!(b[0].command(), "rao compare a.yaml a.yaml --set 'B:params.limits={window: 256, max_nodes: 64}' --seeds 1");
+        // Quotes join what they touch, as in a shell; inside them nothing is interpreted.
+        let joined = "<!-- rao compare x'y z'w '$HOME*' -->\n<!-- end rao compare -->\n";
+        assert_eq!(blocks(joined).unwrap()[0].args, ["xy zw", "$HOME*"]);
+    }
+
+    #[test]
     fn splicing_replaces_only_the_bodies_asked() {
         let b = blocks(DOC).unwrap();
         assert_eq!(splice(DOC, &b, &[None, None]), DOC);
@@ -177,6 +217,8 @@ mod tests {
         assert!(blocks(quoted).unwrap_err().to_string().starts_with("line 1: `\"` in the arguments"));
         let glob = "x\n<!-- rao compare pipelines/ablation-*.yaml -->\n<!-- end rao compare -->\n";
         assert!(blocks(glob).unwrap_err().to_string().starts_with("line 2: `*` in the arguments"));
+        let unclosed_quote = "<!-- rao compare a.yaml 'B:x=1 -->\n<!-- end rao compare -->\n";
+        assert!(blocks(unclosed_quote).unwrap_err().to_string().starts_with("line 1: a `'` is never closed"));
         let empty = "<!-- rao compare  -->\n<!-- end rao compare -->\n";
         assert!(blocks(empty).unwrap_err().to_string().starts_with("line 1: no pipelines to compare"));
         let misspelt = "<!-- rao compare: a.yaml -->\n";

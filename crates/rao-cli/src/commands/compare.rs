@@ -7,8 +7,10 @@ pub struct CompareArgs {
     /// Pipeline files; the first is the baseline the others are tested against.
     #[arg(required = true)]
     pub pipelines: Vec<PathBuf>,
-    /// An override for every pipeline: `params.lr=0.001`.
-    #[arg(long = "set", value_name = "PATH=VALUE")]
+    /// An override for every pipeline (`params.lr=0.001`) or, after a pipeline's letter, for that
+    /// one only (`B:params.lr=0.001`; the pipelines are A, B, … in the order given, and a file may
+    /// be given twice to compare it with itself under other settings).
+    #[arg(long = "set", value_name = "[LETTER:]PATH=VALUE")]
     pub set: Vec<String>,
     /// Seeds to compare over, e.g. `1,2,3` (each pipeline with `--set seed=N`); default: each
     /// file's own seed.
@@ -19,8 +21,9 @@ pub struct CompareArgs {
     pub store: Option<String>,
     #[arg(long, value_enum, default_value = "markdown")]
     pub format: CompareFormat,
-    /// Markdown's columns: one per pipeline (rows per evaluation, mode and band), or one per band
-    /// (rows per pipeline, evaluation and mode: the shape of a results table).
+    /// Markdown's columns: one per pipeline (rows per evaluation, mode and band), one per band
+    /// (rows per pipeline, evaluation and mode: the shape of a results table), or one per seed and
+    /// the mean (rows per pipeline, evaluation, mode and band).
     #[arg(long, value_enum, default_value = "pipelines")]
     pub columns: Columns,
     /// Only these metrics (comma-separated): success, mean_score, mean_depth, mean_nodes,
@@ -80,8 +83,9 @@ pub(crate) async fn gather(args: &CompareArgs, base: &std::path::Path, registry:
     if let Some(seed) = seeds.iter().enumerate().find_map(|(i, s)| seeds[..i].contains(s).then_some(s)) {
         anyhow::bail!("--seeds: seed {seed} is given twice; each seed counts once (e.g. `--seeds 1,2,3`)");
     }
+    let per_arm: Vec<Vec<String>> = (0..pipelines.len()).map(|arm| arm_overrides(set, arm, pipelines.len())).collect::<anyhow::Result<_>>()?;
     if !seeds.is_empty()
-        && let Some(o) = set.iter().find(|o| o.split_once('=').is_some_and(|(k, _)| k.trim() == "seed"))
+        && let Some(o) = per_arm.iter().flatten().find(|o| o.split_once('=').is_some_and(|(k, _)| k.trim() == "seed"))
     {
         anyhow::bail!("`--set {o}` and `--seeds` both set the seed (--seeds would win): give the seeds with --seeds only");
     }
@@ -98,7 +102,7 @@ pub(crate) async fn gather(args: &CompareArgs, base: &std::path::Path, registry:
             .collect::<anyhow::Result<_>>()?,
     };
     let (mut arms, mut runs) = (Vec::new(), Vec::new());
-    for file in pipelines {
+    for (file, set) in pipelines.iter().zip(&per_arm) {
         let (mut arm, arm_runs) = compare_arm(file, base, set, seeds, store.as_deref(), registry).await?;
         if !evaluation.is_empty() {
             keep_evaluations(&mut arm, evaluation)?;
@@ -107,6 +111,27 @@ pub(crate) async fn gather(args: &CompareArgs, base: &std::path::Path, registry:
         runs.push(arm_runs);
     }
     Ok(Gathered { comparison: rao_results::compare::compare(&arms, &metrics), runs })
+}
+
+/// The overrides of the pipeline at `arm` (of `arms`): those without a letter, and those whose
+/// `LETTER:` names it (the letter taken off).
+fn arm_overrides(set: &[String], arm: usize, arms: usize) -> anyhow::Result<Vec<String>> {
+    let mut own = Vec::new();
+    for o in set {
+        let Some((letter, rest)) = o.split_once(':').filter(|(l, _)| l.len() == 1 && l.as_bytes()[0].is_ascii_uppercase()) else {
+            own.push(o.clone());
+            continue;
+        };
+        let of = (letter.as_bytes()[0] - b'A') as usize;
+        if of >= arms {
+            let last = (b'A' + arms.min(26) as u8 - 1) as char;
+            anyhow::bail!("--set {o}: no pipeline {letter}: {arms} are compared (A to {last}, in the order given)");
+        }
+        if of == arm {
+            own.push(rest.to_string());
+        }
+    }
+    Ok(own)
 }
 
 /// Keep the evaluations named (and what is missing of them); a name no seed's pipeline has is an
@@ -141,6 +166,7 @@ pub enum CompareFormat {
 pub enum Columns {
     Pipelines,
     Bands,
+    Seeds,
 }
 
 impl Columns {
@@ -148,6 +174,7 @@ impl Columns {
         match self {
             Columns::Pipelines => rao_results::compare_out::Layout::Pipelines,
             Columns::Bands => rao_results::compare_out::Layout::Bands,
+            Columns::Seeds => rao_results::compare_out::Layout::Seeds,
         }
     }
 }
