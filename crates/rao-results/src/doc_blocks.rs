@@ -27,14 +27,7 @@ pub struct Block {
 impl Block {
     /// The command as a reader would type it (and a POSIX shell reads back into `args`).
     pub fn command(&self) -> String {
-        let quoted: Vec<String> = self
-            .args
-            .iter()
-            .map(|a| match a.is_empty() || a.contains(|c: char| c.is_whitespace() || SHELL_CHARACTERS.contains(&c)) {
-                true => format!("'{a}'"),
-                false => a.clone(),
-            })
-            .collect();
+        let quoted: Vec<String> = self.args.iter().map(|a| rao_pipeline::ray::shell_quote(a)).collect();
         format!("rao compare {}", quoted.join(" "))
     }
 }
