@@ -891,7 +891,8 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     let o = rao(&["run", "a.yaml", "--set", "params.window=640"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
     let own = |extra: &[&str]| {
-        let args = [&["compare", "a.yaml", "a.yaml", "--set", "B:params.window=640", "--metric", "success", "--columns", "seeds"], extra].concat();
+        let args =
+            [&["compare", "a.yaml", "a.yaml", "--set", "B:params.window=640", "--metric", "success", "--columns", "seeds"], extra].concat();
         rao(&args, dir.path())
     };
     let o = own(&["--seeds", "1,2"]);

@@ -175,7 +175,8 @@ mod tests {
 
     #[test]
     fn single_quotes_hold_an_argument_with_spaces_and_the_command_quotes_it_again() {
-        let doc = "<!-- rao compare a.yaml a.yaml --set 'B:params.limits={window: 256, max_nodes: 64}' --seeds 1 -->\n<!-- end rao compare -->\n";
+        let doc =
+            "<!-- rao compare a.yaml a.yaml --set 'B:params.limits={window: 256, max_nodes: 64}' --seeds 1 -->\n<!-- end rao compare -->\n";
         let b = blocks(doc).unwrap();
         assert_eq!(b[0].args, ["a.yaml", "a.yaml", "--set", "B:params.limits={window: 256, max_nodes: 64}", "--seeds", "1"]);
         assert_eq!(b[0].command(), "rao compare a.yaml a.yaml --set 'B:params.limits={window: 256, max_nodes: 64}' --seeds 1");

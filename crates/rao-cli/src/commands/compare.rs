@@ -83,7 +83,8 @@ pub(crate) async fn gather(args: &CompareArgs, base: &std::path::Path, registry:
     if let Some(seed) = seeds.iter().enumerate().find_map(|(i, s)| seeds[..i].contains(s).then_some(s)) {
         anyhow::bail!("--seeds: seed {seed} is given twice; each seed counts once (e.g. `--seeds 1,2,3`)");
     }
-    let per_arm: Vec<Vec<String>> = (0..pipelines.len()).map(|arm| arm_overrides(set, arm, pipelines.len())).collect::<anyhow::Result<_>>()?;
+    let per_arm: Vec<Vec<String>> =
+        (0..pipelines.len()).map(|arm| arm_overrides(set, arm, pipelines.len())).collect::<anyhow::Result<_>>()?;
     if !seeds.is_empty()
         && let Some(o) = per_arm.iter().flatten().find(|o| o.split_once('=').is_some_and(|(k, _)| k.trim() == "seed"))
     {
