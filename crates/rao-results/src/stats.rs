@@ -43,12 +43,14 @@ pub fn welch(a: &[f64], b: &[f64]) -> Option<f64> {
 pub fn fisher_exact(k1: u64, n1: u64, k2: u64, n2: u64) -> Option<f64> {
     let (total, successes) = (n1 + n2, k1 + k2);
     let h = Hypergeometric::new(total, successes, n1).ok()?;
-    let observed = h.pmf(k1);
+    // In logs: `pmf` divides binomial coefficients that overflow to infinity from a few hundred
+    // tasks a side (800 trees: NaN, so every table seemed unlikelier than the observed one).
+    let observed = h.ln_pmf(k1);
     let lo = successes.saturating_sub(n2);
     let hi = successes.min(n1);
     // Relative tolerance as in scipy: tables as likely as the observed one up to rounding count.
-    let p: f64 = (lo..=hi).map(|k| h.pmf(k)).filter(|&q| q <= observed * (1.0 + 1e-7)).sum();
-    Some(p.min(1.0))
+    let p: f64 = (lo..=hi).map(|k| h.ln_pmf(k)).filter(|&q| q <= observed + 1e-7_f64.ln_1p()).map(f64::exp).sum();
+    p.is_finite().then_some(p.clamp(0.0, 1.0))
 }
 
 /// `**` below 0.01, `*` below 0.05.
