@@ -906,6 +906,8 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     assert!(out.contains("`rao run a.yaml --set params.window=640 --set seed=2`"), "{out}");
     let o = own(&["--set", "C:params.window=128"]);
     assert!(!o.status.success() && text(&o).contains("--set C:params.window=128: no pipeline C: 2 are compared (A to B"), "{}", text(&o));
+    let o = own(&["--set", "B:"]);
+    assert!(!o.status.success() && text(&o).contains("--set B:: after `B:` give PATH=VALUE"), "{}", text(&o));
     let o = own(&["--set", "B:seed=3", "--seeds", "1"]);
     assert!(!o.status.success() && text(&o).contains("`--set seed=3` and `--seeds` both set the seed"), "{}", text(&o));
 }

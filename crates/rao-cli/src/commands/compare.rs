@@ -128,6 +128,9 @@ fn arm_overrides(set: &[String], arm: usize, arms: usize) -> anyhow::Result<Vec<
             let last = (b'A' + arms.min(26) as u8 - 1) as char;
             anyhow::bail!("--set {o}: no pipeline {letter}: {arms} are compared (A to {last}, in the order given)");
         }
+        if !rest.contains('=') {
+            anyhow::bail!("--set {o}: after `{letter}:` give PATH=VALUE, e.g. `{letter}:params.lr=0.001`");
+        }
         if of == arm {
             own.push(rest.to_string());
         }
