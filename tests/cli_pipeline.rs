@@ -912,6 +912,68 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     assert!(!o.status.success() && text(&o).contains("`--set seed=3` and `--seeds` both set the seed"), "{}", text(&o));
 }
 
+/// `rao compare --columns iterations` lays out an evaluation inside a loop as learning curves (a
+/// row per seed and their mean, a column per iteration), each cell the very value `--format json`
+/// gives for that instance; a point a seed lacks is `—` and named with its command; by default
+/// compare leaves loop evaluations out, and a once-run one cannot be a curve.
+#[test]
+fn compare_lays_out_learning_curves_by_iteration() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        "name: curve\nseed: 1\nparams: {limits: {window: 160, max_depth: 6, max_children: 4}}\nstages:\n  \
+         once_tasks: {kind: synthesize, params: {bands: [medium], per_band: 4, split: validation, world_seed: 1}}\n  \
+         once: {kind: evaluate, inputs: {tasks: once_tasks.tasks}, params: {policy: expert, label: expert, modes: [recursive], limits: \"${params.limits}\"}}\n  \
+         train:\n    loop: {max_iterations: 4}\n    stages:\n      \
+         tasks: {kind: synthesize, params: {bands: [medium], per_band: 8, split: validation, world_seed: 1}}\n      \
+         heldout: {kind: evaluate, every: 2, inputs: {tasks: tasks.tasks}, params: {policy: expert, label: expert, modes: [recursive], limits: \"${params.limits}\"}}\n",
+    )
+    .unwrap();
+    for extra in [&["--set", "seed=1"][..], &["--set", "seed=2"], &["--set", "seed=3", "--set", "stages.train.loop.max_iterations=2"]] {
+        let o = rao(&[&["run", "c.yaml"], extra].concat(), dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = rao(&["compare", "c.yaml", "--seeds", "1,2,3", "--metric", "mean_nodes", "--columns", "iterations"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let md = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(md.contains("| | evaluation | mode | band | seed | 2 | 4 |\n"), "{md}");
+    assert!(!md.contains("| once"), "a once-run evaluation is no curve: {md}");
+    let json = rao(
+        &["compare", "c.yaml", "--seeds", "1,2,3", "--metric", "mean_nodes", "--evaluation", "heldout", "--format", "json"],
+        dir.path(),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&json)));
+    let at = |iteration: u64| {
+        let cells = v["cells"].as_array().unwrap();
+        cells.iter().find(|c| c["evaluation"] == "heldout" && c["iteration"] == iteration).unwrap_or_else(|| panic!("{v}")).clone()
+    };
+    let value = |iteration: u64, seed: u64| -> Option<f64> {
+        let c = at(iteration);
+        let k = c["seeds"].as_array().unwrap().iter().position(|s| *s == seed)?;
+        c["per_seed"][k].as_f64()
+    };
+    let cell = |x: Option<f64>| x.map(|x| format!("{x:.1}")).unwrap_or_else(|| "—".into());
+    for seed in [1, 2, 3] {
+        let row =
+            format!("| A | heldout (expert) | recursive | medium | seed {seed} | {} | {} |\n", cell(value(2, seed)), cell(value(4, seed)));
+        assert!(md.contains(&row), "{row} in {md}");
+    }
+    assert_eq!(value(4, 3), None, "seed 3 stopped at iteration 2");
+    let mean = |iteration: u64| at(iteration)["value"].as_f64().unwrap();
+    assert!(md.contains(&format!("| mean | {:.1} | {:.1} (seeds 1, 2) |\n", mean(2), mean(4))), "{md}");
+    let values: Vec<f64> = [(2, 1), (2, 2), (4, 1), (4, 2)].iter().filter_map(|&(i, s)| value(i, s)).collect();
+    assert!(values.iter().any(|x| *x != values[0]), "tree sizes differ between draws, so a column mix-up shows: {values:?}");
+    assert!(md.contains("seed 3 (heldout@4): `rao run c.yaml --set seed=3`"), "{md}");
+    // By default compare shows what ran once; a loop evaluation is named as such.
+    let o = rao(&["compare", "c.yaml", "--seeds", "1,2", "--metric", "success"], dir.path());
+    let plain = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(plain.contains("| once (expert) | recursive | medium |") && !plain.contains("heldout"), "{plain}");
+    let o = rao(&["compare", "c.yaml", "--evaluation", "nope"], dir.path());
+    assert!(text(&o).contains("its evaluations: heldout (in a loop), once"), "{}", text(&o));
+    let o = rao(&["compare", "c.yaml", "--columns", "iterations", "--evaluation", "once"], dir.path());
+    assert!(!o.status.success() && text(&o).contains("`once` of c.yaml runs once, not in a loop"), "{}", text(&o));
+}
+
 /// `rao results` rewrites a document's `<!-- rao compare … -->` blocks from the store: it leaves a
 /// block whose runs are missing as it is (and says which), `--run` runs them first, text outside
 /// the blocks is kept byte for byte, `--check` fails on a table edited by hand, and a broken

@@ -72,14 +72,31 @@ impl Metric {
     }
 }
 
+/// An evaluate instance: its stage, and the loop iteration it measured where the stage is in a
+/// loop (a point of a learning curve, `heldout@10`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct EvalPoint {
+    pub stage: String,
+    pub iteration: Option<u32>,
+}
+
+impl std::fmt::Display for EvalPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.iteration {
+            Some(i) => write!(f, "{}@{i}", self.stage),
+            None => f.write_str(&self.stage),
+        }
+    }
+}
+
 /// One seed of one pipeline: its evaluations as found in the store.
 #[derive(Debug, Clone)]
 pub struct SeedRun {
     pub seed: u64,
     /// (evaluate instance, its rows).
-    pub evaluations: Vec<(String, Vec<EvalRow>)>,
+    pub evaluations: Vec<(EvalPoint, Vec<EvalRow>)>,
     /// Evaluate instances not in the store, and the command that produces them.
-    pub missing: Vec<String>,
+    pub missing: Vec<EvalPoint>,
     pub command: String,
 }
 
@@ -103,7 +120,9 @@ pub struct ParamDiff {
 /// One metric of one (evaluation, mode, band) for one arm.
 #[derive(Debug, Clone, Serialize)]
 pub struct Cell {
+    /// The evaluate stage, and the loop iteration it measured (none outside loops).
     pub evaluation: String,
+    pub iteration: Option<u32>,
     pub mode: Mode,
     pub band: String,
     pub metric: Metric,
@@ -119,6 +138,13 @@ pub struct Cell {
     /// Two-sided test against the first arm's cell (none for the first arm).
     pub p: Option<f64>,
     pub test: Option<&'static str>,
+}
+
+impl Cell {
+    /// The evaluate instance it comes from (`evaluate`, `heldout@10`).
+    pub fn point(&self) -> EvalPoint {
+        EvalPoint { stage: self.evaluation.clone(), iteration: self.iteration }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -169,7 +195,7 @@ pub fn compare(arms: &[Arm], metrics: &[Metric]) -> Comparison {
                     arm,
                     pipeline: a.name.clone(),
                     seed: r.seed,
-                    instances: r.missing.clone(),
+                    instances: r.missing.iter().map(EvalPoint::to_string).collect(),
                     command: r.command.clone(),
                 })
             })
@@ -177,7 +203,7 @@ pub fn compare(arms: &[Arm], metrics: &[Metric]) -> Comparison {
     }
 }
 
-type Key = (String, Mode, String);
+type Key = (EvalPoint, Mode, String);
 
 fn rows_of(arms: &[Arm]) -> impl Iterator<Item = &EvalRow> {
     arms.iter().flat_map(|a| a.runs.iter().flat_map(|r| r.evaluations.iter().flat_map(|(_, rows)| rows.iter())))
@@ -225,7 +251,8 @@ fn cell(arm: &Arm, a: usize, key: &Key, metric: Metric) -> Option<Cell> {
         }),
     };
     Some(Cell {
-        evaluation: key.0.clone(),
+        evaluation: key.0.stage.clone(),
+        iteration: key.0.iteration,
         mode: key.1,
         band: key.2.clone(),
         metric,
@@ -306,7 +333,7 @@ mod tests {
         let runs = [(1, 1.0, 0.95), (2, 10.0, 1.0)]
             .map(|(seed, nodes, success)| SeedRun {
                 seed,
-                evaluations: vec![("evaluate".into(), vec![row(nodes, success)])],
+                evaluations: vec![(EvalPoint { stage: "evaluate".into(), iteration: None }, vec![row(nodes, success)])],
                 missing: vec![],
                 command: String::new(),
             })

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
-use crate::compare::{Cell, Comparison, Metric};
+use crate::compare::{Cell, Comparison, EvalPoint, Metric};
 use crate::stats;
 
 /// `A`, `B`, … naming the pipelines in column headers.
@@ -27,15 +27,19 @@ fn shown(c: &Cell, asked: usize) -> String {
     let ci = c.ci.map(|(lo, hi)| format!(" [{}, {}]", number(c.metric, lo), number(c.metric, hi))).unwrap_or_default();
     let mark = stats::mark(c.p);
     let mark = if mark.is_empty() { String::new() } else { format!(" {mark}") };
-    let seeds = match c.seeds.len() < asked {
+    format!("{}{ci}{mark}{}", number(c.metric, c.value), seeds_note(c, asked))
+}
+
+/// ` (seeds 1, 3)` where fewer seeds than the `asked` have the cell; nothing where all do.
+fn seeds_note(c: &Cell, asked: usize) -> String {
+    match c.seeds.len() < asked {
         true => format!(
             " (seed{} {})",
             if c.seeds.len() == 1 { "" } else { "s" },
             c.seeds.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
         ),
         false => String::new(),
-    };
-    format!("{}{ci}{mark}{seeds}", number(c.metric, c.value))
+    }
 }
 
 fn value_text(v: &Option<Value>) -> String {
@@ -61,6 +65,9 @@ pub enum Layout {
     /// A row per (pipeline, evaluation, mode, band), a column per seed and one for the mean: for
     /// settings whose effect differs from seed to seed.
     Seeds,
+    /// A row per (pipeline, evaluation, mode, band) and seed, and their mean, a column per loop
+    /// iteration: the learning curves of evaluations inside a loop (only those are shown).
+    Iterations,
 }
 
 pub fn markdown(cmp: &Comparison, layout: Layout) -> String {
@@ -74,9 +81,10 @@ pub fn markdown(cmp: &Comparison, layout: Layout) -> String {
             Layout::Pipelines => by_pipeline(&mut s, cmp, m),
             Layout::Bands => by_band(&mut s, cmp, m),
             Layout::Seeds => by_seed(&mut s, cmp, m),
+            Layout::Iterations => by_iteration(&mut s, cmp, m),
         }
     }
-    footer(&mut s, cmp);
+    footer(&mut s, cmp, layout);
     s
 }
 
@@ -113,19 +121,18 @@ fn distinct<'a, K: PartialEq>(cmp: &'a Comparison, metric: Metric, key: impl Fn(
     keys
 }
 
-/// An evaluation's name with the labels its cells carry.
-fn evaluation_text(cells: &[&Cell], evaluation: &str) -> String {
+/// An evaluation's name (its instance: `heldout@10` in a loop) with the labels its cells carry.
+fn evaluation_text(cells: &[&Cell], evaluation: &EvalPoint) -> String {
     let mut labels: Vec<&str> = cells.iter().map(|c| c.label.as_str()).collect();
     labels.dedup();
-    format!("{} ({})", md_escape(evaluation), md_escape(&labels.join(" / ")))
+    format!("{} ({})", md_escape(&evaluation.to_string()), md_escape(&labels.join(" / ")))
 }
 
 fn by_pipeline(s: &mut String, cmp: &Comparison, m: Metric) {
     let n = cmp.pipelines.len();
     let _ = write!(s, "\n**{}**\n\n| evaluation | mode | band |{}\n|---|---|---|{}\n", m.name(), head(n), "---|".repeat(n));
-    for (ev, mode, band) in distinct(cmp, m, |c| (c.evaluation.as_str(), c.mode, c.band.as_str())) {
-        let row: Vec<&Cell> =
-            cmp.cells.iter().filter(|c| c.metric == m && c.evaluation == ev && c.mode == mode && c.band == band).collect();
+    for (ev, mode, band) in distinct(cmp, m, |c| (c.point(), c.mode, c.band.as_str())) {
+        let row: Vec<&Cell> = cmp.cells.iter().filter(|c| c.metric == m && c.point() == ev && c.mode == mode && c.band == band).collect();
         let cols: String = (0..n)
             .map(|a| {
                 let asked = cmp.pipelines[a].2.len();
@@ -133,7 +140,7 @@ fn by_pipeline(s: &mut String, cmp: &Comparison, m: Metric) {
                 format!(" {} |", cell.map(|c| shown(c, asked)).unwrap_or_else(|| "—".into()))
             })
             .collect();
-        let _ = writeln!(s, "| {} | {} | {} |{cols}", evaluation_text(&row, ev), mode, md_escape(band));
+        let _ = writeln!(s, "| {} | {} | {} |{cols}", evaluation_text(&row, &ev), mode, md_escape(band));
     }
 }
 
@@ -141,26 +148,32 @@ fn by_band(s: &mut String, cmp: &Comparison, m: Metric) {
     let bands = distinct(cmp, m, |c| c.band.as_str());
     let band_head: String = bands.iter().map(|b| format!(" {} |", md_escape(b))).collect();
     let _ = write!(s, "\n**{}**\n\n| | evaluation | mode |{band_head}\n|---|---|---|{}\n", m.name(), "---|".repeat(bands.len()));
-    let mut rows = distinct(cmp, m, |c| (c.arm, c.evaluation.as_str(), c.mode));
+    let mut rows = distinct(cmp, m, |c| (c.arm, c.point(), c.mode));
     rows.sort_by_key(|(arm, _, _)| *arm);
     for (arm, ev, mode) in rows {
-        let row: Vec<&Cell> = cmp.cells.iter().filter(|c| c.metric == m && c.arm == arm && c.evaluation == ev && c.mode == mode).collect();
+        let row: Vec<&Cell> = cmp.cells.iter().filter(|c| c.metric == m && c.arm == arm && c.point() == ev && c.mode == mode).collect();
         let asked = cmp.pipelines[arm].2.len();
         let cols: String = bands
             .iter()
             .map(|b| format!(" {} |", row.iter().find(|c| c.band == *b).map(|c| shown(c, asked)).unwrap_or_else(|| "—".into())))
             .collect();
-        let _ = writeln!(s, "| {} | {} | {} |{cols}", letter(arm), evaluation_text(&row, ev), mode);
+        let _ = writeln!(s, "| {} | {} | {} |{cols}", letter(arm), evaluation_text(&row, &ev), mode);
     }
 }
 
-fn by_seed(s: &mut String, cmp: &Comparison, m: Metric) {
+/// Every seed asked of any pipeline, in the order first given.
+fn all_seeds(cmp: &Comparison) -> Vec<u64> {
     let mut seeds: Vec<u64> = Vec::new();
     for seed in cmp.pipelines.iter().flat_map(|(_, _, seeds)| seeds) {
         if !seeds.contains(seed) {
             seeds.push(*seed);
         }
     }
+    seeds
+}
+
+fn by_seed(s: &mut String, cmp: &Comparison, m: Metric) {
+    let seeds = all_seeds(cmp);
     let seed_head: String = seeds.iter().map(|seed| format!(" seed {seed} |")).collect();
     let _ = write!(
         s,
@@ -183,7 +196,7 @@ fn by_seed(s: &mut String, cmp: &Comparison, m: Metric) {
             s,
             "| {} | {} | {} | {} |{cols} {} |",
             letter(c.arm),
-            evaluation_text(&[c], &c.evaluation),
+            evaluation_text(&[c], &c.point()),
             c.mode,
             md_escape(&c.band),
             shown(c, asked)
@@ -191,13 +204,53 @@ fn by_seed(s: &mut String, cmp: &Comparison, m: Metric) {
     }
 }
 
-fn footer(s: &mut String, cmp: &Comparison) {
-    s.push_str(
-        "\nBrackets: 95% intervals — Wilson over the tasks for one seed's success rate, Student's t over seeds where there \
+fn by_iteration(s: &mut String, cmp: &Comparison, m: Metric) {
+    let points: Vec<&Cell> = cmp.cells.iter().filter(|c| c.metric == m && c.iteration.is_some()).collect();
+    let mut iterations: Vec<u32> = points.iter().filter_map(|c| c.iteration).collect();
+    iterations.sort_unstable();
+    iterations.dedup();
+    let head: String = iterations.iter().map(|i| format!(" {i} |")).collect();
+    let _ = write!(
+        s,
+        "\n**{}**, after iteration\n\n| | evaluation | mode | band | seed |{head}\n|---|---|---|---|---|{}\n",
+        m.name(),
+        "---|".repeat(iterations.len())
+    );
+    let mut curves = distinct(cmp, m, |c| (c.arm, c.evaluation.as_str(), c.mode, c.band.as_str()));
+    curves
+        .retain(|(arm, ev, mode, band)| points.iter().any(|c| c.arm == *arm && c.evaluation == *ev && c.mode == *mode && c.band == *band));
+    curves.sort_by_key(|(arm, ..)| *arm);
+    for (arm, ev, mode, band) in curves {
+        let curve: Vec<&Cell> =
+            points.iter().copied().filter(|c| c.arm == arm && c.evaluation == ev && c.mode == mode && c.band == band).collect();
+        let at = |i: u32| curve.iter().find(|c| c.iteration == Some(i));
+        let seeds: Vec<u64> = all_seeds(cmp).into_iter().filter(|seed| curve.iter().any(|c| c.seeds.contains(seed))).collect();
+        let name = evaluation_text(&curve, &EvalPoint { stage: ev.to_string(), iteration: None });
+        let mut row = |who: String, value: &dyn Fn(&Cell) -> Option<String>| {
+            let cols: String =
+                iterations.iter().map(|&i| format!(" {} |", at(i).and_then(|c| value(c)).unwrap_or_else(|| "—".into()))).collect();
+            let _ = writeln!(s, "| {} | {name} | {mode} | {} | {who} |{cols}", letter(arm), md_escape(band));
+        };
+        for &seed in &seeds {
+            row(format!("seed {seed}"), &|c| c.seeds.iter().position(|s| *s == seed).map(|k| number(m, c.per_seed[k])));
+        }
+        if seeds.len() > 1 {
+            row("mean".into(), &|c| Some(format!("{}{}", number(m, c.value), seeds_note(c, seeds.len()))));
+        }
+    }
+}
+
+fn footer(s: &mut String, cmp: &Comparison, layout: Layout) {
+    if layout == Layout::Iterations {
+        s.push_str("\nA column is the evaluation after that iteration of its loop; a mean is over the seeds that have it.\n");
+    } else {
+        s.push_str(
+            "\nBrackets: 95% intervals — Wilson over the tasks for one seed's success rate, Student's t over seeds where there \
          are several. Marks: a difference from A, two-sided, * p < 0.05, ** p < 0.01 (Welch's t-test over seeds where both \
          have two or more, else Fisher's exact test on the tasks pooled over seeds; success only); not corrected for the \
          number of comparisons.\n",
-    );
+        );
+    }
     if !cmp.missing.is_empty() {
         s.push_str(
             "\nNot in the store yet (a cell names the seeds it has where some are missing; — where none); these commands produce them:\n\n",
@@ -225,7 +278,7 @@ pub fn csv(cmp: &Comparison) -> String {
         let fields = [
             name.clone(),
             file.clone(),
-            c.evaluation.clone(),
+            c.point().to_string(),
             c.label.clone(),
             c.mode.to_string(),
             c.band.clone(),

@@ -14,6 +14,8 @@ use rao_store::manifest::{self, Manifest};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::compare::EvalPoint;
+
 /// The run record's facts a report shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunInfo {
@@ -227,13 +229,13 @@ impl RunResults {
     }
 }
 
-/// The evaluations of the pipeline as given (instance, rows), and the evaluate instances that are
-/// not in the store — without reading trees or any other instance (what `compare` needs).
-pub async fn evaluations(c: &Compiled, store: &Store) -> anyhow::Result<(Vec<(String, Vec<EvalRow>)>, Vec<String>)> {
+/// The evaluations of the pipeline as given (instance, rows; one per iteration of an evaluation in
+/// a loop), and the evaluate instances that are not in the store — without reading trees or any
+/// other instance (what `compare` needs).
+pub async fn evaluations(c: &Compiled, store: &Store) -> anyhow::Result<(Vec<(EvalPoint, Vec<EvalRow>)>, Vec<EvalPoint>)> {
     let mut found = Vec::new();
     let mut missing = Vec::new();
-    // An evaluation inside a loop is a learning curve's point, not a result to compare.
-    for r in rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.kind == EVALUATE && r.iteration.is_none()) {
+    for r in rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.kind == EVALUATE) {
         let rows = match (&r.state, &r.fingerprint) {
             (State::Done, Some(fp)) => match manifest::read(store, fp).await?.done() {
                 Some(m) => store.get_json::<Vec<EvalRow>>(&format!("{}/summary.json", m.output_prefix("report"))).await?,
@@ -241,9 +243,10 @@ pub async fn evaluations(c: &Compiled, store: &Store) -> anyhow::Result<(Vec<(St
             },
             _ => None,
         };
+        let point = EvalPoint { stage: r.stage, iteration: r.iteration };
         match rows {
-            Some(rows) => found.push((r.instance, rows)),
-            None => missing.push(r.instance),
+            Some(rows) => found.push((point, rows)),
+            None => missing.push(point),
         }
     }
     Ok((found, missing))

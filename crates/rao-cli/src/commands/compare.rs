@@ -22,15 +22,17 @@ pub struct CompareArgs {
     #[arg(long, value_enum, default_value = "markdown")]
     pub format: CompareFormat,
     /// Markdown's columns: one per pipeline (rows per evaluation, mode and band), one per band
-    /// (rows per pipeline, evaluation and mode: the shape of a results table), or one per seed and
-    /// the mean (rows per pipeline, evaluation, mode and band).
+    /// (rows per pipeline, evaluation and mode: the shape of a results table), one per seed and
+    /// the mean (rows per pipeline, evaluation, mode and band), or one per loop iteration (rows per
+    /// pipeline, evaluation, mode, band and seed: the learning curves of evaluations in a loop).
     #[arg(long, value_enum, default_value = "pipelines")]
     pub columns: Columns,
     /// Only these metrics (comma-separated): success, mean_score, mean_depth, mean_nodes,
     /// steps_per_task, tokens_per_task, overflow_rate, seconds_per_task. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub metric: Vec<String>,
-    /// Only these evaluations (`evaluate` stages, by name; comma-separated). Default: all.
+    /// Only these evaluations (`evaluate` stages, by name; comma-separated; one inside a loop brings
+    /// every iteration's). Default: those outside loops, or with `--columns iterations` those inside.
     #[arg(long, value_delimiter = ',')]
     pub evaluation: Vec<String>,
 }
@@ -105,9 +107,7 @@ pub(crate) async fn gather(args: &CompareArgs, base: &std::path::Path, registry:
     let (mut arms, mut runs) = (Vec::new(), Vec::new());
     for (file, set) in pipelines.iter().zip(&per_arm) {
         let (mut arm, arm_runs) = compare_arm(file, base, set, seeds, store.as_deref(), registry).await?;
-        if !evaluation.is_empty() {
-            keep_evaluations(&mut arm, evaluation)?;
-        }
+        select_evaluations(&mut arm, evaluation, args.columns)?;
         arms.push(arm);
         runs.push(arm_runs);
     }
@@ -138,23 +138,38 @@ fn arm_overrides(set: &[String], arm: usize, arms: usize) -> anyhow::Result<Vec<
     Ok(own)
 }
 
-/// Keep the evaluations named (and what is missing of them); a name no seed's pipeline has is an
-/// error that lists the ones it has.
-fn keep_evaluations(arm: &mut rao_results::compare::Arm, names: &[String]) -> anyhow::Result<()> {
-    let has = |run: &rao_results::compare::SeedRun, name: &str| {
-        run.evaluations.iter().any(|(e, _)| e == name) || run.missing.iter().any(|e| e == name)
-    };
+/// Keep the evaluations named (stages: one inside a loop brings its every iteration) and what is
+/// missing of them; by default those run once, or with `--columns iterations` those inside loops
+/// (learning curves). A name no seed's pipeline has is an error that lists the ones it has.
+fn select_evaluations(arm: &mut rao_results::compare::Arm, names: &[String], columns: Columns) -> anyhow::Result<()> {
+    use rao_results::compare::{EvalPoint, SeedRun};
+    let points = |run: &SeedRun| run.evaluations.iter().map(|(p, _)| p.clone()).chain(run.missing.clone()).collect::<Vec<EvalPoint>>();
     for name in names {
-        if let Some(run) = arm.runs.iter().find(|r| !has(r, name)) {
-            let mut known: Vec<&str> =
-                run.evaluations.iter().map(|(e, _)| e.as_str()).chain(run.missing.iter().map(String::as_str)).collect();
+        if let Some(run) = arm.runs.iter().find(|r| !points(r).iter().any(|p| p.stage == *name)) {
+            let mut known: Vec<String> =
+                points(run).into_iter().map(|p| if p.iteration.is_some() { format!("{} (in a loop)", p.stage) } else { p.stage }).collect();
             known.sort_unstable();
+            known.dedup();
             anyhow::bail!("--evaluation {name}: {} has no evaluation of that name; its evaluations: {}", arm.file, known.join(", "));
         }
     }
+    let curves = columns == Columns::Iterations;
+    if curves {
+        let once: Vec<String> = arm.runs.iter().flat_map(points).filter(|p| p.iteration.is_none()).map(|p| p.stage).collect();
+        if let Some(name) = names.iter().find(|n| once.contains(n)) {
+            anyhow::bail!(
+                "--columns iterations: `{name}` of {} runs once, not in a loop; name evaluations inside a loop (learning curves) or lay it out by pipelines, bands or seeds",
+                arm.file
+            );
+        }
+        if names.is_empty() && !arm.runs.iter().flat_map(points).any(|p| p.iteration.is_some()) {
+            anyhow::bail!("--columns iterations: {} has no evaluation inside a loop (a learning curve) to lay out", arm.file);
+        }
+    }
+    let keep = |p: &EvalPoint| if names.is_empty() { p.iteration.is_some() == curves } else { names.contains(&p.stage) };
     for run in &mut arm.runs {
-        run.evaluations.retain(|(e, _)| names.contains(e));
-        run.missing.retain(|e| names.contains(e));
+        run.evaluations.retain(|(p, _)| keep(p));
+        run.missing.retain(|p| keep(p));
     }
     Ok(())
 }
@@ -171,6 +186,7 @@ pub enum Columns {
     Pipelines,
     Bands,
     Seeds,
+    Iterations,
 }
 
 impl Columns {
@@ -179,6 +195,7 @@ impl Columns {
             Columns::Pipelines => rao_results::compare_out::Layout::Pipelines,
             Columns::Bands => rao_results::compare_out::Layout::Bands,
             Columns::Seeds => rao_results::compare_out::Layout::Seeds,
+            Columns::Iterations => rao_results::compare_out::Layout::Iterations,
         }
     }
 }
