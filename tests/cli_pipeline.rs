@@ -915,7 +915,8 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
 /// `rao compare --columns iterations` lays out an evaluation inside a loop as learning curves (a
 /// row per seed and their mean, a column per iteration), each cell the very value `--format json`
 /// gives for that instance; a point a seed lacks is `—` and named with its command; by default
-/// compare leaves loop evaluations out, and a once-run one cannot be a curve.
+/// compare leaves loop evaluations out, and a once-run one cannot be a curve. `--training` adds
+/// a loop stage's recorded metric as a curve.
 #[test]
 fn compare_lays_out_learning_curves_by_iteration() {
     let dir = tempfile::tempdir().unwrap();
@@ -972,6 +973,25 @@ fn compare_lays_out_learning_curves_by_iteration() {
     assert!(text(&o).contains("its evaluations: heldout (in a loop), once"), "{}", text(&o));
     let o = rao(&["compare", "c.yaml", "--columns", "iterations", "--evaluation", "once"], dir.path());
     assert!(!o.status.success() && text(&o).contains("`once` of c.yaml runs once, not in a loop"), "{}", text(&o));
+
+    // Training curves: a loop stage's metric from its manifests, a column every iteration.
+    let curves = |extra: &[&str]| {
+        let args = [&["compare", "c.yaml", "--seeds", "1,2,3", "--metric", "success", "--columns", "iterations"], extra].concat();
+        rao(&args, dir.path())
+    };
+    let o = curves(&["--every", "1", "--training", "tasks.tasks,heldout.recursive_medium_success"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let md = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(md.contains("| | metric | seed | 1 | 2 | 3 | 4 |\n"), "{md}");
+    assert!(md.contains("| A | tasks.tasks | seed 3 | 8.00 | 8.00 | — | — |\n"), "8 tasks drawn each iteration: {md}");
+    assert!(md.contains("| A | tasks.tasks | mean | 8.00 | 8.00 | 8.00 (2 of 3 seeds) | 8.00 (2 of 3 seeds) |\n"), "{md}");
+    assert!(md.contains("| A | heldout.recursive_medium_success | seed 1 | — | 1.00 | — | 1.00 |\n"), "{md}");
+    let o = curves(&["--training", "heldout.nope"]);
+    assert!(text(&o).contains("`heldout` records no metric `nope`; it records recursive_medium_success"), "{}", text(&o));
+    let o = curves(&["--training", "once.x"]);
+    assert!(text(&o).contains("has no stage `once` in a loop; its loop stages: heldout, tasks"), "{}", text(&o));
+    let o = rao(&["compare", "c.yaml", "--training", "tasks.tasks"], dir.path());
+    assert!(!o.status.success() && text(&o).contains("give them with --columns iterations"), "{}", text(&o));
 }
 
 /// `rao results` rewrites a document's `<!-- rao compare … -->` blocks from the store: it leaves a

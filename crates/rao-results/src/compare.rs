@@ -98,6 +98,19 @@ pub struct SeedRun {
     /// Evaluate instances not in the store, and the command that produces them.
     pub missing: Vec<EvalPoint>,
     pub command: String,
+    /// Metrics of loop stages per iteration (`rollout.root_success`, [(iteration, value)]).
+    pub training: Vec<(String, Vec<(u32, f64)>)>,
+}
+
+/// A loop stage's metric over the iterations of one seed of one pipeline (a training curve).
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainingCurve {
+    pub arm: usize,
+    pub seed: u64,
+    /// `rollout.root_success`: the stage (instance name without its iteration) and the metric.
+    pub name: String,
+    /// (iteration, value), in order.
+    pub points: Vec<(u32, f64)>,
 }
 
 /// One pipeline file (a variant, usually) over its seeds.
@@ -162,6 +175,7 @@ pub struct Comparison {
     pub pipelines: Vec<(String, String, Vec<u64>)>,
     pub params: Vec<ParamDiff>,
     pub cells: Vec<Cell>,
+    pub training: Vec<TrainingCurve>,
     pub missing: Vec<Missing>,
 }
 
@@ -187,6 +201,20 @@ pub fn compare(arms: &[Arm], metrics: &[Metric]) -> Comparison {
         pipelines: arms.iter().map(|a| (a.name.clone(), a.file.clone(), a.runs.iter().map(|r| r.seed).collect())).collect(),
         params: param_diffs(arms),
         cells,
+        training: arms
+            .iter()
+            .enumerate()
+            .flat_map(|(arm, a)| {
+                a.runs.iter().flat_map(move |r| {
+                    r.training.iter().map(move |(name, points)| TrainingCurve {
+                        arm,
+                        seed: r.seed,
+                        name: name.clone(),
+                        points: points.clone(),
+                    })
+                })
+            })
+            .collect(),
         missing: arms
             .iter()
             .enumerate()
@@ -336,6 +364,7 @@ mod tests {
                 evaluations: vec![(EvalPoint { stage: "evaluate".into(), iteration: None }, vec![row(nodes, success)])],
                 missing: vec![],
                 command: String::new(),
+                training: vec![],
             })
             .to_vec();
         let arm = Arm { file: "p.yaml".into(), name: "p".into(), resolved: Value::Null, runs };

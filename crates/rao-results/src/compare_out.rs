@@ -66,14 +66,16 @@ pub enum Layout {
     /// settings whose effect differs from seed to seed.
     Seeds,
     /// A row per (pipeline, evaluation, mode, band) and seed, and their mean, a column per loop
-    /// iteration: the learning curves of evaluations inside a loop (only those are shown).
-    Iterations,
+    /// iteration: the learning curves of evaluations inside a loop (only those are shown) and
+    /// the training curves asked for. Columns every `every` iterations; by default where the
+    /// evaluations measured, else every 10th.
+    Iterations { every: Option<u32> },
 }
 
 pub fn markdown(cmp: &Comparison, layout: Layout) -> String {
     let mut s = header(cmp);
     let metrics: Vec<Metric> = Metric::ALL.into_iter().filter(|m| cmp.cells.iter().any(|c| c.metric == *m)).collect();
-    if metrics.is_empty() {
+    if metrics.is_empty() && cmp.training.is_empty() {
         s.push_str("\nNo evaluation results of these pipelines are in the store (compare reads what their `evaluate` stages measured).\n");
     }
     for m in metrics {
@@ -81,8 +83,11 @@ pub fn markdown(cmp: &Comparison, layout: Layout) -> String {
             Layout::Pipelines => by_pipeline(&mut s, cmp, m),
             Layout::Bands => by_band(&mut s, cmp, m),
             Layout::Seeds => by_seed(&mut s, cmp, m),
-            Layout::Iterations => by_iteration(&mut s, cmp, m),
+            Layout::Iterations { every } => by_iteration(&mut s, cmp, m, &iteration_columns(cmp, every)),
         }
+    }
+    if let Layout::Iterations { every } = layout {
+        training(&mut s, cmp, &iteration_columns(cmp, every));
     }
     footer(&mut s, cmp, layout);
     s
@@ -204,11 +209,27 @@ fn by_seed(s: &mut String, cmp: &Comparison, m: Metric) {
     }
 }
 
-fn by_iteration(s: &mut String, cmp: &Comparison, m: Metric) {
+/// The iterations an `Iterations` layout has a column for: multiples of `every` (and the last
+/// iteration); without it, those the evaluations measured, else every 10th (and the last).
+fn iteration_columns(cmp: &Comparison, every: Option<u32>) -> Vec<u32> {
+    let mut evaluated: Vec<u32> = cmp.cells.iter().filter_map(|c| c.iteration).collect();
+    evaluated.sort_unstable();
+    evaluated.dedup();
+    if every.is_none() && !evaluated.is_empty() {
+        return evaluated;
+    }
+    let trained = cmp.training.iter().flat_map(|t| t.points.iter().map(|(k, _)| *k));
+    let last = evaluated.iter().copied().chain(trained).max().unwrap_or(0);
+    let step = every.unwrap_or(10).max(1);
+    let mut columns: Vec<u32> = (1..=last / step).map(|k| k * step).collect();
+    if columns.last() != Some(&last) && last > 0 {
+        columns.push(last);
+    }
+    columns
+}
+
+fn by_iteration(s: &mut String, cmp: &Comparison, m: Metric, iterations: &[u32]) {
     let points: Vec<&Cell> = cmp.cells.iter().filter(|c| c.metric == m && c.iteration.is_some()).collect();
-    let mut iterations: Vec<u32> = points.iter().filter_map(|c| c.iteration).collect();
-    iterations.sort_unstable();
-    iterations.dedup();
     let head: String = iterations.iter().map(|i| format!(" {i} |")).collect();
     let _ = write!(
         s,
@@ -240,9 +261,67 @@ fn by_iteration(s: &mut String, cmp: &Comparison, m: Metric) {
     }
 }
 
+/// Training curves (`rollout.root_success`, …), a row per seed and their mean; a cell is the
+/// metric's mean over the iterations since the column before (a short curve of a long run).
+fn training(s: &mut String, cmp: &Comparison, iterations: &[u32]) {
+    if cmp.training.is_empty() {
+        return;
+    }
+    let head: String = iterations.iter().map(|i| format!(" {i} |")).collect();
+    let _ = write!(
+        s,
+        "\n**training**, mean over the iterations up to\n\n| | metric | seed |{head}\n|---|---|---|{}\n",
+        "---|".repeat(iterations.len())
+    );
+    let window = |points: &[(u32, f64)], k: usize| -> Option<f64> {
+        let from = if k == 0 { 0 } else { iterations[k - 1] };
+        let values: Vec<f64> = points.iter().filter(|(i, _)| *i > from && *i <= iterations[k]).map(|(_, v)| *v).collect();
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+    };
+    let number = |v: f64| match v.abs() {
+        a if a >= 100.0 => format!("{v:.0}"),
+        a if a >= 10.0 => format!("{v:.1}"),
+        a if a >= 0.1 || a == 0.0 => format!("{v:.2}"),
+        _ => format!("{v:.3}"),
+    };
+    let mut curves: Vec<(usize, &str)> = Vec::new();
+    for t in &cmp.training {
+        if !curves.contains(&(t.arm, t.name.as_str())) {
+            curves.push((t.arm, t.name.as_str()));
+        }
+    }
+    curves.sort_by_key(|(arm, _)| *arm);
+    for (arm, name) in curves {
+        let seeds: Vec<&crate::compare::TrainingCurve> = cmp.training.iter().filter(|t| t.arm == arm && t.name == name).collect();
+        for t in &seeds {
+            let cols: String = (0..iterations.len()).map(|k| format!(" {} |", window(&t.points, k).map_or("—".into(), number))).collect();
+            let _ = writeln!(s, "| {} | {} | seed {} |{cols}", letter(arm), md_escape(name), t.seed);
+        }
+        if seeds.len() > 1 {
+            let cols: String = (0..iterations.len())
+                .map(|k| {
+                    let v: Vec<f64> = seeds.iter().filter_map(|t| window(&t.points, k)).collect();
+                    let mean = (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+                    let note = if v.len() < seeds.len() && !v.is_empty() {
+                        format!(" ({} of {} seeds)", v.len(), seeds.len())
+                    } else {
+                        String::new()
+                    };
+                    format!(" {}{note} |", mean.map_or("—".into(), number))
+                })
+                .collect();
+            let _ = writeln!(s, "| {} | {} | mean |{cols}", letter(arm), md_escape(name));
+        }
+    }
+}
+
 fn footer(s: &mut String, cmp: &Comparison, layout: Layout) {
-    if layout == Layout::Iterations {
-        s.push_str("\nA column is the evaluation after that iteration of its loop; a mean is over the seeds that have it.\n");
+    if matches!(layout, Layout::Iterations { .. }) {
+        s.push_str("\nA column is the evaluation after that iteration of its loop; a mean is over the seeds that have it.");
+        if !cmp.training.is_empty() {
+            s.push_str(" A training cell is its metric's mean over the iterations since the column before.");
+        }
+        s.push('\n');
     } else {
         s.push_str(
             "\nBrackets: 95% intervals — Wilson over the tasks for one seed's success rate, Student's t over seeds where there \
@@ -299,4 +378,40 @@ pub fn csv(cmp: &Comparison) -> String {
 
 pub fn json(cmp: &Comparison) -> String {
     serde_json::to_string_pretty(cmp).expect("comparison serialises") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::TrainingCurve;
+
+    fn with_training(curves: Vec<TrainingCurve>) -> Comparison {
+        Comparison {
+            pipelines: vec![("p".into(), "p.yaml".into(), vec![1, 2])],
+            params: vec![],
+            cells: vec![],
+            training: curves,
+            missing: vec![],
+        }
+    }
+
+    /// A training cell is the mean of the iterations since the column before; a seed that stopped
+    /// early shows `—` there and the mean says how many seeds it is over.
+    #[test]
+    fn training_curves_average_each_window_of_iterations() {
+        let curve = |seed, last: u32| TrainingCurve {
+            arm: 0,
+            seed,
+            name: "rollout.root_success".into(),
+            points: (1..=last).map(|k| (k, k as f64 / 10.0)).collect(),
+        };
+        let md = markdown(&with_training(vec![curve(1, 6), curve(2, 3)]), Layout::Iterations { every: Some(3) });
+        assert!(md.contains("| | metric | seed | 3 | 6 |\n"), "{md}");
+        // Seed 1: (0.1 + 0.2 + 0.3) / 3 and (0.4 + 0.5 + 0.6) / 3.
+        assert!(md.contains("| A | rollout.root_success | seed 1 | 0.20 | 0.50 |\n"), "{md}");
+        assert!(md.contains("| A | rollout.root_success | seed 2 | 0.20 | — |\n"), "{md}");
+        assert!(md.contains("| A | rollout.root_success | mean | 0.20 | 0.50 (1 of 2 seeds) |\n"), "{md}");
+        // Without a step: every 10th iteration and the last.
+        assert_eq!(iteration_columns(&with_training(vec![curve(1, 25)]), None), vec![10, 20, 25]);
+    }
 }

@@ -252,6 +252,46 @@ pub async fn evaluations(c: &Compiled, store: &Store) -> anyhow::Result<(Vec<(Ev
     Ok((found, missing))
 }
 
+/// Per-iteration metrics of loop stages (`rollout.root_success`: a series, an instance name
+/// without its iteration, and a metric its manifests record), as (name, [(iteration, value)]) in
+/// the order asked; an iteration not in the store is absent. A series the pipeline has no loop
+/// stage of, or a metric none of its finished instances records, is an error naming what there is.
+pub async fn loop_metrics(c: &Compiled, store: &Store, names: &[String]) -> anyhow::Result<Vec<(String, Vec<(u32, f64)>)>> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<_> = rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.iteration.is_some()).collect();
+    let mut out = Vec::new();
+    for name in names {
+        let Some((series, metric)) = name.rsplit_once('.') else {
+            anyhow::bail!("`{name}`: give a loop stage and one of its metrics, e.g. `rollout.root_success`");
+        };
+        let of_series: Vec<_> = rows.iter().filter(|r| series_of(&r.instance) == series).collect();
+        if of_series.is_empty() {
+            let mut known: Vec<String> = rows.iter().map(|r| series_of(&r.instance)).collect();
+            known.sort_unstable();
+            known.dedup();
+            anyhow::bail!("`{name}`: {} has no stage `{series}` in a loop; its loop stages: {}", c.file.display(), known.join(", "));
+        }
+        let (mut points, mut recorded) = (Vec::new(), BTreeSet::new());
+        for r in of_series {
+            let (State::Done, Some(fp), Some(k)) = (&r.state, &r.fingerprint, r.iteration) else { continue };
+            let Some(m) = manifest::read(store, fp).await?.done() else { continue };
+            recorded.extend(m.metrics.keys().cloned());
+            if let Some(v) = m.metrics.get(metric) {
+                points.push((k, *v));
+            }
+        }
+        if points.is_empty() && !recorded.is_empty() {
+            let known: Vec<String> = recorded.into_iter().collect();
+            anyhow::bail!("`{name}`: `{series}` records no metric `{metric}`; it records {}", known.join(", "));
+        }
+        points.sort_by_key(|(k, _)| *k);
+        out.push((name.clone(), points));
+    }
+    Ok(out)
+}
+
 type Named = (String, String, String, String);
 
 fn instances_of_record(record: &Value) -> (Vec<Named>, Vec<(String, String)>) {

@@ -31,6 +31,15 @@ pub struct CompareArgs {
     /// steps_per_task, tokens_per_task, overflow_rate, seconds_per_task. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub metric: Vec<String>,
+    /// With `--columns iterations`: training curves too, a loop stage's metric each
+    /// (`rollout.root_success,update.loss`; comma-separated), a cell its mean over the
+    /// iterations since the column before.
+    #[arg(long, value_delimiter = ',', value_name = "STAGE.METRIC")]
+    pub training: Vec<String>,
+    /// With `--columns iterations`: a column every N iterations (default: where the evaluations
+    /// measured, else every 10th).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub every: Option<u32>,
     /// Only these evaluations (`evaluate` stages, by name; comma-separated; one inside a loop brings
     /// every iteration's). Default: those outside loops, or with `--columns iterations` those inside.
     #[arg(long, value_delimiter = ',')]
@@ -46,7 +55,7 @@ pub async fn compare(args: CompareArgs, registry: Registry) -> anyhow::Result<Ex
     print!(
         "{}",
         match format {
-            CompareFormat::Markdown => rao_results::compare_out::markdown(&cmp, columns.layout()),
+            CompareFormat::Markdown => rao_results::compare_out::markdown(&cmp, columns.layout(args.every)),
             CompareFormat::Csv => rao_results::compare_out::csv(&cmp),
             CompareFormat::Json => rao_results::compare_out::json(&cmp),
         }
@@ -80,7 +89,10 @@ impl Gathered {
 
 /// `args`' comparison; relative pipeline files are read from `base` (shown as written).
 pub(crate) async fn gather(args: &CompareArgs, base: &std::path::Path, registry: &Registry) -> anyhow::Result<Gathered> {
-    let CompareArgs { pipelines, set, seeds, store, metric, evaluation, .. } = args;
+    let CompareArgs { pipelines, set, seeds, store, metric, evaluation, training, .. } = args;
+    if args.columns != Columns::Iterations && (!training.is_empty() || args.every.is_some()) {
+        anyhow::bail!("--training and --every lay out curves: give them with --columns iterations");
+    }
     // A seed given twice would count one run as two independent ones.
     if let Some(seed) = seeds.iter().enumerate().find_map(|(i, s)| seeds[..i].contains(s).then_some(s)) {
         anyhow::bail!("--seeds: seed {seed} is given twice; each seed counts once (e.g. `--seeds 1,2,3`)");
@@ -106,8 +118,8 @@ pub(crate) async fn gather(args: &CompareArgs, base: &std::path::Path, registry:
     };
     let (mut arms, mut runs) = (Vec::new(), Vec::new());
     for (file, set) in pipelines.iter().zip(&per_arm) {
-        let (mut arm, arm_runs) = compare_arm(file, base, set, seeds, store.as_deref(), registry).await?;
-        select_evaluations(&mut arm, evaluation, args.columns)?;
+        let (mut arm, arm_runs) = compare_arm(file, base, set, seeds, store.as_deref(), training, registry).await?;
+        select_evaluations(&mut arm, evaluation, args.columns, !training.is_empty())?;
         arms.push(arm);
         runs.push(arm_runs);
     }
@@ -140,8 +152,9 @@ fn arm_overrides(set: &[String], arm: usize, arms: usize) -> anyhow::Result<Vec<
 
 /// Keep the evaluations named (stages: one inside a loop brings its every iteration) and what is
 /// missing of them; by default those run once, or with `--columns iterations` those inside loops
-/// (learning curves). A name no seed's pipeline has is an error that lists the ones it has.
-fn select_evaluations(arm: &mut rao_results::compare::Arm, names: &[String], columns: Columns) -> anyhow::Result<()> {
+/// (learning curves; `training`: training curves are asked for as well). A name no seed's
+/// pipeline has is an error that lists the ones it has.
+fn select_evaluations(arm: &mut rao_results::compare::Arm, names: &[String], columns: Columns, training: bool) -> anyhow::Result<()> {
     use rao_results::compare::{EvalPoint, SeedRun};
     let points = |run: &SeedRun| run.evaluations.iter().map(|(p, _)| p.clone()).chain(run.missing.clone()).collect::<Vec<EvalPoint>>();
     for name in names {
@@ -162,7 +175,7 @@ fn select_evaluations(arm: &mut rao_results::compare::Arm, names: &[String], col
                 arm.file
             );
         }
-        if names.is_empty() && !arm.runs.iter().flat_map(points).any(|p| p.iteration.is_some()) {
+        if names.is_empty() && !training && !arm.runs.iter().flat_map(points).any(|p| p.iteration.is_some()) {
             anyhow::bail!("--columns iterations: {} has no evaluation inside a loop (a learning curve) to lay out", arm.file);
         }
     }
@@ -190,12 +203,12 @@ pub enum Columns {
 }
 
 impl Columns {
-    pub fn layout(self) -> rao_results::compare_out::Layout {
+    pub fn layout(self, every: Option<u32>) -> rao_results::compare_out::Layout {
         match self {
             Columns::Pipelines => rao_results::compare_out::Layout::Pipelines,
             Columns::Bands => rao_results::compare_out::Layout::Bands,
             Columns::Seeds => rao_results::compare_out::Layout::Seeds,
-            Columns::Iterations => rao_results::compare_out::Layout::Iterations,
+            Columns::Iterations => rao_results::compare_out::Layout::Iterations { every },
         }
     }
 }
@@ -207,6 +220,7 @@ async fn compare_arm(
     set: &[String],
     seeds: &[u64],
     store: Option<&str>,
+    training: &[String],
     registry: &Registry,
 ) -> anyhow::Result<(rao_results::compare::Arm, Vec<(u64, PipelineArgs)>)> {
     let seeds: Vec<Option<u64>> = if seeds.is_empty() { vec![None] } else { seeds.iter().copied().map(Some).collect() };
@@ -218,12 +232,13 @@ async fn compare_arm(
         let p = PipelineArgs { pipeline: base.join(file), set: overrides, store: store.map(str::to_string) };
         let (c, st) = load_read_only(&p, registry)?;
         let (evaluations, missing) = rao_results::results::evaluations(&c, &st).await?;
+        let training = rao_results::results::loop_metrics(&c, &st, training).await?;
         if resolved.is_null() {
             (name, resolved) = (c.name.clone(), (*c.resolved).clone());
         }
         let command = run_command(&p);
         let seed = c.resolved["seed"].as_u64().unwrap_or(0);
-        runs.push(rao_results::compare::SeedRun { seed, evaluations, missing, command });
+        runs.push(rao_results::compare::SeedRun { seed, evaluations, missing, command, training });
         pipelines.push((seed, p));
     }
     Ok((rao_results::compare::Arm { file: file.display().to_string(), name, resolved, runs }, pipelines))
