@@ -848,6 +848,13 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
     assert!(by_band.contains("| A | eval (expert) | flat | 0.00 [0.00, 0.00] |\n"), "{by_band}");
     assert!(by_band.contains("| B | eval (expert) | flat | 1.00 [0.68, 1.00] ** (seed 1) |\n"), "{by_band}");
     assert_eq!(by_band.lines().filter(|l| l.starts_with("| A | eval") || l.starts_with("| B | eval")).count(), 4, "{by_band}");
+    // Brief: the metric tables alone (the document says what A and B are); what is missing is still named.
+    let brief = rao(&["compare", "a.yaml", "b.yaml", "--seeds", "1,2", "--metric", "success", "--columns", "bands", "--brief"], dir.path());
+    let brief = String::from_utf8_lossy(&brief.stdout).to_string();
+    assert!(brief.starts_with("**success**\n\n| | evaluation | mode | medium |\n"), "{brief}");
+    assert!(brief.contains("| B | eval (expert) | flat | 1.00 [0.68, 1.00] ** (seed 1) |\n"), "{brief}");
+    assert!(!brief.contains("Parameters that differ") && !brief.contains("Brackets:"), "{brief}");
+    assert!(brief.contains("B (cmp-wide) seed 2 (eval): `rao run b.yaml --set seed=2`"), "{brief}");
     let nope = rao(&["compare", "a.yaml", "--evaluation", "eval,nope"], dir.path());
     assert!(
         !nope.status.success() && text(&nope).contains("--evaluation nope: a.yaml has no evaluation of that name; its evaluations: eval"),
@@ -855,7 +862,11 @@ fn compare_puts_variants_and_seeds_side_by_side_from_the_store() {
         text(&nope)
     );
     let csv_bands = rao(&["compare", "a.yaml", "--columns", "bands", "--format", "csv"], dir.path());
-    assert!(!csv_bands.status.success() && text(&csv_bands).contains("--columns lays out the Markdown table"), "{}", text(&csv_bands));
+    assert!(
+        !csv_bands.status.success() && text(&csv_bands).contains("--columns and --brief lay out the Markdown table"),
+        "{}",
+        text(&csv_bands)
+    );
     assert_eq!(objects(), before, "compare runs nothing");
     // A variant that keeps its base's `name:` and lacks seed 2: only its own row says so.
     std::fs::write(dir.path().join("c.yaml"), "extends: a.yaml\nname: cmp\nset:\n  params.window: 128\n").unwrap();

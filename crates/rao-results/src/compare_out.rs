@@ -72,8 +72,10 @@ pub enum Layout {
     Iterations { every: Option<u32> },
 }
 
-pub fn markdown(cmp: &Comparison, layout: Layout) -> String {
-    let mut s = header(cmp);
+/// `brief`: the metric tables alone, without the list of pipelines, the parameters that differ
+/// and the legend (for a document whose text says what A, B, … are); what is missing is still named.
+pub fn markdown(cmp: &Comparison, layout: Layout, brief: bool) -> String {
+    let mut s = if brief { String::new() } else { header(cmp) };
     let metrics: Vec<Metric> = Metric::ALL.into_iter().filter(|m| cmp.cells.iter().any(|c| c.metric == *m)).collect();
     if metrics.is_empty() && cmp.training.is_empty() {
         s.push_str("\nNo evaluation results of these pipelines are in the store (compare reads what their `evaluate` stages measured).\n");
@@ -88,6 +90,10 @@ pub fn markdown(cmp: &Comparison, layout: Layout) -> String {
     }
     if let Layout::Iterations { every } = layout {
         training(&mut s, cmp, &iteration_columns(cmp, every));
+    }
+    if brief {
+        missing(&mut s, cmp);
+        return s.trim_start().to_string();
     }
     footer(&mut s, cmp, layout);
     s
@@ -330,6 +336,11 @@ fn footer(s: &mut String, cmp: &Comparison, layout: Layout) {
          number of comparisons.\n",
         );
     }
+    missing(s, cmp);
+}
+
+/// The runs a comparison lacks, each with the command that produces it.
+fn missing(s: &mut String, cmp: &Comparison) {
     if !cmp.missing.is_empty() {
         s.push_str(
             "\nNot in the store yet (a cell names the seeds it has where some are missing; — where none); these commands produce them:\n\n",
@@ -405,7 +416,7 @@ mod tests {
             name: "rollout.root_success".into(),
             points: (1..=last).map(|k| (k, k as f64 / 10.0)).collect(),
         };
-        let md = markdown(&with_training(vec![curve(1, 6), curve(2, 3)]), Layout::Iterations { every: Some(3) });
+        let md = markdown(&with_training(vec![curve(1, 6), curve(2, 3)]), Layout::Iterations { every: Some(3) }, false);
         assert!(md.contains("| | metric | seed | 3 | 6 |\n"), "{md}");
         // Seed 1: (0.1 + 0.2 + 0.3) / 3 and (0.4 + 0.5 + 0.6) / 3.
         assert!(md.contains("| A | rollout.root_success | seed 1 | 0.20 | 0.50 |\n"), "{md}");

@@ -31,6 +31,10 @@ pub struct CompareArgs {
     /// steps_per_task, tokens_per_task, overflow_rate, seconds_per_task. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub metric: Vec<String>,
+    /// Markdown: the metric tables alone, without the list of pipelines, the parameters that
+    /// differ and the legend (for a document whose text says what A, B, … are).
+    #[arg(long)]
+    pub brief: bool,
     /// With `--columns iterations`: training curves too, a loop stage's metric each
     /// (`rollout.root_success,update.loss`; comma-separated), a cell its mean over the
     /// iterations since the column before.
@@ -48,14 +52,14 @@ pub struct CompareArgs {
 
 pub async fn compare(args: CompareArgs, registry: Registry) -> anyhow::Result<ExitCode> {
     let (format, columns) = (args.format, args.columns);
-    if columns != Columns::Pipelines && !matches!(format, CompareFormat::Markdown) {
-        anyhow::bail!("--columns lays out the Markdown table; CSV and JSON have a row per cell");
+    if (columns != Columns::Pipelines || args.brief) && !matches!(format, CompareFormat::Markdown) {
+        anyhow::bail!("--columns and --brief lay out the Markdown table; CSV and JSON have a row per cell");
     }
     let cmp = gather(&args, std::path::Path::new(""), &registry).await?.comparison;
     print!(
         "{}",
         match format {
-            CompareFormat::Markdown => rao_results::compare_out::markdown(&cmp, columns.layout(args.every)),
+            CompareFormat::Markdown => rao_results::compare_out::markdown(&cmp, columns.layout(args.every), args.brief),
             CompareFormat::Csv => rao_results::compare_out::csv(&cmp),
             CompareFormat::Json => rao_results::compare_out::json(&cmp),
         }

@@ -112,7 +112,7 @@ async fn regenerate(block: &Block, text: &str, base: &std::path::Path, run: bool
     if !found.comparison.missing.is_empty() {
         return Ok(Outcome::Incomplete(found.comparison.missing.iter().map(|m| m.command.clone()).collect()));
     }
-    let table = rao_results::compare_out::markdown(&found.comparison, line.args.columns.layout(line.args.every));
+    let table = rao_results::compare_out::markdown(&found.comparison, line.args.columns.layout(line.args.every), line.args.brief);
     let body = doc_blocks::body(&table);
     Ok(if text[block.body.clone()] == body { Outcome::Same } else { Outcome::Changed(body) })
 }
