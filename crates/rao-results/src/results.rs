@@ -264,14 +264,18 @@ pub async fn loop_metrics(c: &Compiled, store: &Store, names: &[String]) -> anyh
     let mut out = Vec::new();
     for name in names {
         let Some((series, metric)) = name.rsplit_once('.') else {
-            anyhow::bail!("`{name}`: give a loop stage and one of its metrics, e.g. `rollout.root_success`");
+            anyhow::bail!("--training {name}: give a loop stage and one of its metrics, e.g. `rollout.root_success`");
         };
         let of_series: Vec<_> = rows.iter().filter(|r| series_of(&r.instance) == series).collect();
         if of_series.is_empty() {
             let mut known: Vec<String> = rows.iter().map(|r| series_of(&r.instance)).collect();
             known.sort_unstable();
             known.dedup();
-            anyhow::bail!("`{name}`: {} has no stage `{series}` in a loop; its loop stages: {}", c.file.display(), known.join(", "));
+            anyhow::bail!(
+                "--training {name}: {} has no stage `{series}` in a loop; its loop stages: {}",
+                c.file.display(),
+                known.join(", ")
+            );
         }
         let (mut points, mut recorded) = (Vec::new(), BTreeSet::new());
         for r in of_series {
@@ -284,7 +288,7 @@ pub async fn loop_metrics(c: &Compiled, store: &Store, names: &[String]) -> anyh
         }
         if points.is_empty() && !recorded.is_empty() {
             let known: Vec<String> = recorded.into_iter().collect();
-            anyhow::bail!("`{name}`: `{series}` records no metric `{metric}`; it records {}", known.join(", "));
+            anyhow::bail!("--training {name}: `{series}` records no metric `{metric}`; it records {}", known.join(", "));
         }
         points.sort_by_key(|(k, _)| *k);
         out.push((name.clone(), points));
