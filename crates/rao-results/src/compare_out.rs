@@ -80,16 +80,20 @@ pub fn markdown(cmp: &Comparison, layout: Layout, brief: bool) -> String {
     if metrics.is_empty() && cmp.training.is_empty() {
         s.push_str("\nNo evaluation results of these pipelines are in the store (compare reads what their `evaluate` stages measured).\n");
     }
+    let columns = match layout {
+        Layout::Iterations { every } => iteration_columns(cmp, every),
+        _ => Vec::new(),
+    };
     for m in metrics {
         match layout {
             Layout::Pipelines => by_pipeline(&mut s, cmp, m),
             Layout::Bands => by_band(&mut s, cmp, m),
             Layout::Seeds => by_seed(&mut s, cmp, m),
-            Layout::Iterations { every } => by_iteration(&mut s, cmp, m, &iteration_columns(cmp, every)),
+            Layout::Iterations { .. } => by_iteration(&mut s, cmp, m, &columns),
         }
     }
-    if let Layout::Iterations { every } = layout {
-        training(&mut s, cmp, &iteration_columns(cmp, every));
+    if let Layout::Iterations { .. } = layout {
+        training(&mut s, cmp, &columns);
     }
     if brief {
         missing(&mut s, cmp);
@@ -122,9 +126,14 @@ fn header(cmp: &Comparison) -> String {
 
 /// Distinct values of `key` over the cells of `metric`, in the order they first appear.
 fn distinct<'a, K: PartialEq>(cmp: &'a Comparison, metric: Metric, key: impl Fn(&'a Cell) -> K) -> Vec<K> {
+    distinct_of(cmp.cells.iter().filter(|c| c.metric == metric), key)
+}
+
+/// Distinct keys of `items`, in the order they first appear.
+fn distinct_of<T, K: PartialEq>(items: impl IntoIterator<Item = T>, key: impl Fn(T) -> K) -> Vec<K> {
     let mut keys = Vec::new();
-    for c in cmp.cells.iter().filter(|c| c.metric == metric) {
-        let k = key(c);
+    for item in items {
+        let k = key(item);
         if !keys.contains(&k) {
             keys.push(k);
         }
@@ -174,13 +183,7 @@ fn by_band(s: &mut String, cmp: &Comparison, m: Metric) {
 
 /// Every seed asked of any pipeline, in the order first given.
 fn all_seeds(cmp: &Comparison) -> Vec<u64> {
-    let mut seeds: Vec<u64> = Vec::new();
-    for seed in cmp.pipelines.iter().flat_map(|(_, _, seeds)| seeds) {
-        if !seeds.contains(seed) {
-            seeds.push(*seed);
-        }
-    }
-    seeds
+    distinct_of(cmp.pipelines.iter().flat_map(|(_, _, seeds)| seeds), |seed| *seed)
 }
 
 fn by_seed(s: &mut String, cmp: &Comparison, m: Metric) {
@@ -243,9 +246,7 @@ fn by_iteration(s: &mut String, cmp: &Comparison, m: Metric, iterations: &[u32])
         m.name(),
         "---|".repeat(iterations.len())
     );
-    let mut curves = distinct(cmp, m, |c| (c.arm, c.evaluation.as_str(), c.mode, c.band.as_str()));
-    curves
-        .retain(|(arm, ev, mode, band)| points.iter().any(|c| c.arm == *arm && c.evaluation == *ev && c.mode == *mode && c.band == *band));
+    let mut curves = distinct_of(points.iter().copied(), |c| (c.arm, c.evaluation.as_str(), c.mode, c.band.as_str()));
     curves.sort_by_key(|(arm, ..)| *arm);
     for (arm, ev, mode, band) in curves {
         let curve: Vec<&Cell> =
@@ -290,12 +291,7 @@ fn training(s: &mut String, cmp: &Comparison, iterations: &[u32]) {
         a if a >= 0.1 || a == 0.0 => format!("{v:.2}"),
         _ => format!("{v:.3}"),
     };
-    let mut curves: Vec<(usize, &str)> = Vec::new();
-    for t in &cmp.training {
-        if !curves.contains(&(t.arm, t.name.as_str())) {
-            curves.push((t.arm, t.name.as_str()));
-        }
-    }
+    let mut curves = distinct_of(&cmp.training, |t| (t.arm, t.name.as_str()));
     curves.sort_by_key(|(arm, _)| *arm);
     for (arm, name) in curves {
         let seeds: Vec<&crate::compare::TrainingCurve> = cmp.training.iter().filter(|t| t.arm == arm && t.name == name).collect();
