@@ -390,11 +390,7 @@ fn concurrent_runs_on_one_bucket_execute_each_stage_once_with_identical_results(
         let log = dir.path().join("ran.log");
         concurrent::wide_pipeline(dir.path(), &log);
         let store = format!("s3://rao-shared/t{runs}-{trial}");
-        concurrent::run_together(runs, || {
-            let mut c = rao(&["run", "wide.yaml", "--store", &store, "-j", "2"], dir.path(), s3.port);
-            c.env("RAO_LEASE_TTL", "20");
-            c
-        });
+        concurrent::run_together(runs, || rao(&["run", "wide.yaml", "--store", &store, "-j", "2"], dir.path(), s3.port));
         concurrent::assert_each_ran_once(&log);
         assert_eq!(results(dir.path(), &store, &format!("t{runs}-{trial}/")), want, "{runs} runs, trial {trial}");
     }

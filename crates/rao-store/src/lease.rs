@@ -3,7 +3,7 @@
 //!
 //! A lease is a small object `leases/<fp>/g<generation>.json` created with a conditional put
 //! (`If-None-Match: *` on S3, a hard link locally), so of two runs only one creates a given
-//! generation. The holder rewrites its object every `ttl / 3` with a later expiry; a holder that
+//! generation. The holder rewrites its object every `ttl / 4` with a later expiry; a holder that
 //! died stops renewing and its lease lapses (at once when it was a process of this machine that no
 //! longer exists). Taking over a lapsed lease creates the next generation — again conditionally —
 //! so two waiters cannot both win.
@@ -18,12 +18,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::now_secs;
 use crate::layout::lease_prefix;
-use crate::store::{Store, StoreResult};
+use crate::store::{Store, StoreError, StoreResult};
 
-/// How long a lease lasts without renewal (`RAO_LEASE_TTL`, in seconds, for tests).
 /// The largest lease generation taken for one (see [`newest`]).
 const MAX_GENERATION: u64 = 1 << 50;
+/// Reads of a lease object before its error is the caller's (see [`read_lease`]).
+const READ_TRIES: u32 = 4;
 
+/// How long a lease lasts without renewal (`RAO_LEASE_TTL`, in seconds, for tests).
 pub fn ttl() -> Duration {
     let secs = std::env::var("RAO_LEASE_TTL").ok().and_then(|s| s.parse::<f64>().ok()).filter(|s| s.is_finite() && *s > 0.1);
     Duration::from_secs_f64(secs.unwrap_or(60.0))
@@ -129,8 +131,9 @@ fn generation_key(fp: &str, generation: u64) -> String {
     format!("{}/g{generation:012}.json", lease_prefix(fp))
 }
 
-/// The newest generation of the lease of `fp` and what it says (`None`: nobody ever took it, or
-/// its object is unreadable — then it counts as lapsed).
+/// The newest generation of the lease of `fp` and what it says (`None`: nobody ever took it; an
+/// inner `None`: its object is gone since the listing — released — or holds what no holder wrote,
+/// and then it counts as lapsed).
 async fn newest(store: &Store, fp: &str) -> StoreResult<Option<(u64, Option<LeaseInfo>)>> {
     let prefix = format!("{}/", lease_prefix(fp));
     let newest = store
@@ -143,8 +146,27 @@ async fn newest(store: &Store, fp: &str) -> StoreResult<Option<(u64, Option<Leas
         .filter(|g| *g <= MAX_GENERATION)
         .max();
     let Some(generation) = newest else { return Ok(None) };
-    let info = store.get_json::<LeaseInfo>(&generation_key(fp, generation)).await.ok().flatten();
-    Ok(Some((generation, info)))
+    Ok(Some((generation, read_lease(store, &generation_key(fp, generation)).await?)))
+}
+
+/// What the lease object `key` says: `None` when it is gone or is no lease (bytes no holder wrote:
+/// leases are written whole). A read that fails is tried again and then an error — never taken
+/// for a lapsed lease, which would let a second run execute the instance beside a live holder.
+async fn read_lease(store: &Store, key: &str) -> StoreResult<Option<LeaseInfo>> {
+    let mut pause = Duration::from_millis(50);
+    let mut tries = 1;
+    loop {
+        match store.get_json::<LeaseInfo>(key).await {
+            Ok(info) => return Ok(info),
+            Err(StoreError::Json { .. } | StoreError::TooLarge { .. }) => return Ok(None),
+            Err(e) if tries >= READ_TRIES => return Err(e),
+            Err(_) => {
+                tokio::time::sleep(pause).await;
+                pause *= 4;
+                tries += 1;
+            }
+        }
+    }
 }
 
 /// Who holds the lease of `fp` now, if anyone does.
@@ -175,7 +197,7 @@ pub async fn try_acquire(store: &Store, fp: &str, run_id: &str, instance: &str) 
     let body = bytes::Bytes::from(serde_json::to_vec(&info).expect("a lease serialises"));
     if !store.put_if_absent(&key, body).await? {
         // Another waiter took this generation first.
-        let holder = store.get_json::<LeaseInfo>(&key).await.ok().flatten().unwrap_or(info);
+        let holder = read_lease(store, &key).await.ok().flatten().unwrap_or(info);
         return Ok(Acquired::Busy(holder));
     }
     // Older generations are history now.
@@ -187,22 +209,38 @@ pub async fn try_acquire(store: &Store, fp: &str, run_id: &str, instance: &str) 
 }
 
 async fn renew(store: Store, fp: String, generation: u64, key: String, mut info: LeaseInfo, ttl: Duration) {
+    // Every ttl / 4 from the start of the last renewal, writing first: a store that answers
+    // slowly (seconds, on a loaded machine) lets a live holder's lease lapse only when one write
+    // takes half the ttl (checking first, as before, made that two reads and a write in 2/3).
+    let period = ttl / 4;
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::time::sleep(ttl / 3).await;
-        // A newer generation means ours lapsed and was taken over: stop writing. Publishing stays
-        // safe (the manifest is written once), so the stage is allowed to finish.
+        ticks.tick().await;
+        info.expires_at = now_secs() + ttl.as_secs_f64();
+        let _ = store.put_json(&key, &info).await;
+        // A newer generation means ours lapsed and was taken over: stop, and take back the write
+        // just made. Publishing stays safe (the manifest is written once), so the stage is
+        // allowed to finish.
         if let Ok(Some((newest, _))) = newest(&store, &fp).await
             && newest != generation
         {
+            let _ = store.delete(&key).await;
             return;
         }
-        info.expires_at = now_secs() + ttl.as_secs_f64();
-        let _ = store.put_json(&key, &info).await;
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
+    use futures::stream::BoxStream;
+    use object_store::path::Path;
+    use object_store::{
+        CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    };
+
     use super::*;
 
     #[tokio::test]
@@ -234,6 +272,71 @@ mod tests {
         let (a, b) = tokio::join!(try_acquire(&store, fp, "run-a", "a"), try_acquire(&store, fp, "run-b", "a"));
         let held = [a.unwrap(), b.unwrap()].into_iter().filter(|x| matches!(x, Acquired::Held(_))).count();
         assert_eq!(held, 1);
+    }
+
+    /// An in-memory store whose next `failures` reads of a lease object fail, as a read that a
+    /// server drops half-way does (object_store retries a refused request, not a broken body).
+    #[derive(Debug, Default)]
+    struct FailingLeaseReads {
+        inner: object_store::memory::InMemory,
+        failures: std::sync::atomic::AtomicUsize,
+    }
+
+    impl std::fmt::Display for FailingLeaseReads {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("FailingLeaseReads")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl object_store::ObjectStore for FailingLeaseReads {
+        async fn put_opts(&self, at: &Path, payload: PutPayload, opts: PutOptions) -> object_store::Result<PutResult> {
+            self.inner.put_opts(at, payload, opts).await
+        }
+        async fn put_multipart_opts(&self, at: &Path, opts: PutMultipartOptions) -> object_store::Result<Box<dyn MultipartUpload>> {
+            self.inner.put_multipart_opts(at, opts).await
+        }
+        async fn get_opts(&self, at: &Path, options: GetOptions) -> object_store::Result<GetResult> {
+            let fail = at.as_ref().starts_with("leases/")
+                && self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+            if fail {
+                return Err(object_store::Error::Generic { store: "test", source: "connection reset by peer".into() });
+            }
+            self.inner.get_opts(at, options).await
+        }
+        fn delete_stream(&self, at: BoxStream<'static, object_store::Result<Path>>) -> BoxStream<'static, object_store::Result<Path>> {
+            self.inner.delete_stream(at)
+        }
+        fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+            self.inner.list(prefix)
+        }
+        async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+            self.inner.list_with_delimiter(prefix).await
+        }
+        async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> object_store::Result<()> {
+            self.inner.copy_opts(from, to, options).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_live_lease_that_cannot_be_read_is_not_taken_over() {
+        let failing = std::sync::Arc::new(FailingLeaseReads::default());
+        let store = Store::over(failing.clone());
+        let fp = "00112233445566778899aabbccddeeff";
+        let Acquired::Held(_first) = try_acquire(&store, fp, "run-1", "a").await.unwrap() else { panic!("free lease not taken") };
+        // A read or two that fail, then succeed: the holder is seen.
+        failing.failures.store(READ_TRIES as usize - 1, Ordering::SeqCst);
+        match try_acquire(&store, fp, "run-2", "a").await.unwrap() {
+            Acquired::Busy(info) => assert_eq!(info.run_id, "run-1"),
+            Acquired::Held(_) => panic!("a live lease was taken over after a failed read"),
+        }
+        // Reads that keep failing: an error, never a second holder.
+        failing.failures.store(usize::MAX, Ordering::SeqCst);
+        match try_acquire(&store, fp, "run-3", "a").await {
+            Err(e) => assert!(e.to_string().contains("connection reset"), "{e}"),
+            Ok(Acquired::Held(_)) => panic!("a live lease was taken over because it could not be read"),
+            Ok(Acquired::Busy(_)) => panic!("a holder read from a store that fails every read"),
+        }
     }
 
     #[test]

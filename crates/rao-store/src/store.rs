@@ -103,6 +103,12 @@ impl Store {
         Self::open_with(url, base_dir, Access::ReadOnly)
     }
 
+    /// A store over any object store (tests give one that fails on purpose).
+    #[cfg(test)]
+    pub(crate) fn over(inner: Arc<dyn ObjectStore>) -> Store {
+        Store { inner, prefix: Path::default(), url: "test://".into(), local_root: None, local_dir: None }
+    }
+
     fn open_with(url: &str, base_dir: &FsPath, access: Access) -> StoreResult<Store> {
         let err = |m: String| StoreError::Open { url: url.to_string(), message: m };
         let scheme = url.split_once("://").map(|(s, _)| s);
