@@ -1000,9 +1000,41 @@ fn compare_lays_out_learning_curves_by_iteration() {
     let o = curves(&["--training", "heldout.nope"]);
     assert!(text(&o).contains("`heldout` records no metric `nope`; it records recursive_medium_success"), "{}", text(&o));
     let o = curves(&["--training", "once.x"]);
-    assert!(text(&o).contains("has no stage `once` in a loop; its loop stages: heldout, tasks"), "{}", text(&o));
+    assert!(text(&o).contains("`once` records no metric `x`"), "{}", text(&o));
     let o = rao(&["compare", "c.yaml", "--training", "tasks.tasks"], dir.path());
-    assert!(!o.status.success() && text(&o).contains("give them with --columns iterations"), "{}", text(&o));
+    assert!(!o.status.success() && text(&o).contains("runs in a loop of c.yaml, a curve: give --columns iterations"), "{}", text(&o));
+
+    // What stages run once recorded: a value a seed, beside the other layouts' tables.
+    let o = rao(
+        &[
+            "compare",
+            "c.yaml",
+            "--seeds",
+            "1,2,3",
+            "--metric",
+            "success",
+            "--columns",
+            "seeds",
+            "--training",
+            "once_tasks.tasks,once.recursive_medium_success",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let md = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(md.contains("| | metric | seed 1 | seed 2 | seed 3 | mean |\n"), "{md}");
+    assert!(md.contains("| A | once_tasks.tasks | 4.00 | 4.00 | 4.00 | 4.00 |\n"), "4 tasks synthesised: {md}");
+    let once =
+        rao(&["compare", "c.yaml", "--seeds", "1,2,3", "--metric", "success", "--evaluation", "once", "--format", "json"], dir.path());
+    let j: serde_json::Value = serde_json::from_slice(&once.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&once)));
+    let cell = j["cells"].as_array().unwrap().iter().find(|c| c["evaluation"] == "once").unwrap_or_else(|| panic!("{j}")).clone();
+    let per_seed: Vec<String> = cell["per_seed"].as_array().unwrap().iter().map(|x| format!("{:.2}", x.as_f64().unwrap())).collect();
+    let row = format!("| A | once.recursive_medium_success | {} | {:.2} |\n", per_seed.join(" | "), cell["value"].as_f64().unwrap());
+    assert!(md.contains(&row), "the evaluation's own metric equals its success cell: {row} in {md}");
+    let o = curves(&["--training", "once_tasks.tasks"]);
+    assert!(!o.status.success() && text(&o).contains("its stage runs once in c.yaml, not in a loop"), "{}", text(&o));
+    let o = curves(&["--training", "nope.x"]);
+    assert!(text(&o).contains("has no stage `nope`; its stages: heldout, once, once_tasks, tasks"), "{}", text(&o));
 }
 
 /// `rao results` rewrites a document's `<!-- rao compare … -->` blocks from the store: it leaves a

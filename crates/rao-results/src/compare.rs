@@ -8,6 +8,7 @@ use serde_json::Value;
 use rao_core::Mode;
 use rao_stages::evaluate::EvalRow;
 
+use crate::results::StageMetric;
 use crate::stats;
 
 /// The evaluation metrics compared, in table order.
@@ -98,8 +99,8 @@ pub struct SeedRun {
     /// Evaluate instances not in the store, and the command that produces them.
     pub missing: Vec<EvalPoint>,
     pub command: String,
-    /// Metrics of loop stages per iteration (`rollout.root_success`, [(iteration, value)]).
-    pub training: Vec<(String, Vec<(u32, f64)>)>,
+    /// Metrics of training stages asked for (`rollout.root_success`, `warmstart.steps`).
+    pub training: Vec<(String, StageMetric)>,
 }
 
 /// A loop stage's metric over the iterations of one seed of one pipeline (a training curve).
@@ -111,6 +112,17 @@ pub struct TrainingCurve {
     pub name: String,
     /// (iteration, value), in order.
     pub points: Vec<(u32, f64)>,
+}
+
+/// A metric of a stage run once (a warm start's `steps`) for one seed of one pipeline.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageValue {
+    pub arm: usize,
+    pub seed: u64,
+    /// `warmstart.steps`: the stage and the metric.
+    pub name: String,
+    /// `None`: the stage is not in the store.
+    pub value: Option<f64>,
 }
 
 /// One pipeline file (a variant, usually) over its seeds.
@@ -176,7 +188,13 @@ pub struct Comparison {
     pub params: Vec<ParamDiff>,
     pub cells: Vec<Cell>,
     pub training: Vec<TrainingCurve>,
+    pub stage_values: Vec<StageValue>,
     pub missing: Vec<Missing>,
+}
+
+/// Every training metric read, with its arm and seed.
+fn training_of(arms: &[Arm]) -> impl Iterator<Item = (usize, u64, &String, &StageMetric)> {
+    arms.iter().enumerate().flat_map(|(arm, a)| a.runs.iter().flat_map(move |r| r.training.iter().map(move |(n, m)| (arm, r.seed, n, m))))
 }
 
 pub fn compare(arms: &[Arm], metrics: &[Metric]) -> Comparison {
@@ -201,18 +219,16 @@ pub fn compare(arms: &[Arm], metrics: &[Metric]) -> Comparison {
         pipelines: arms.iter().map(|a| (a.name.clone(), a.file.clone(), a.runs.iter().map(|r| r.seed).collect())).collect(),
         params: param_diffs(arms),
         cells,
-        training: arms
-            .iter()
-            .enumerate()
-            .flat_map(|(arm, a)| {
-                a.runs.iter().flat_map(move |r| {
-                    r.training.iter().map(move |(name, points)| TrainingCurve {
-                        arm,
-                        seed: r.seed,
-                        name: name.clone(),
-                        points: points.clone(),
-                    })
-                })
+        training: training_of(arms)
+            .filter_map(|(arm, seed, name, m)| match m {
+                StageMetric::Curve(points) => Some(TrainingCurve { arm, seed, name: name.clone(), points: points.clone() }),
+                StageMetric::Once(_) => None,
+            })
+            .collect(),
+        stage_values: training_of(arms)
+            .filter_map(|(arm, seed, name, m)| match m {
+                StageMetric::Once(value) => Some(StageValue { arm, seed, name: name.clone(), value: *value }),
+                StageMetric::Curve(_) => None,
             })
             .collect(),
         missing: arms

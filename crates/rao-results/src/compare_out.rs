@@ -77,7 +77,7 @@ pub enum Layout {
 pub fn markdown(cmp: &Comparison, layout: Layout, brief: bool) -> String {
     let mut s = if brief { String::new() } else { header(cmp) };
     let metrics: Vec<Metric> = Metric::ALL.into_iter().filter(|m| cmp.cells.iter().any(|c| c.metric == *m)).collect();
-    if metrics.is_empty() && cmp.training.is_empty() {
+    if metrics.is_empty() && cmp.training.is_empty() && cmp.stage_values.is_empty() {
         s.push_str("\nNo evaluation results of these pipelines are in the store (compare reads what their `evaluate` stages measured).\n");
     }
     let columns = match layout {
@@ -95,6 +95,7 @@ pub fn markdown(cmp: &Comparison, layout: Layout, brief: bool) -> String {
     if let Layout::Iterations { .. } = layout {
         training(&mut s, cmp, &columns);
     }
+    stage_values(&mut s, cmp);
     if brief {
         missing(&mut s, cmp);
         return s.trim_start().to_string();
@@ -285,35 +286,67 @@ fn training(s: &mut String, cmp: &Comparison, iterations: &[u32]) {
         let values: Vec<f64> = points.iter().filter(|(i, _)| *i > from && *i <= iterations[k]).map(|(_, v)| *v).collect();
         (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
     };
-    let number = |v: f64| match v.abs() {
-        a if a >= 100.0 => format!("{v:.0}"),
-        a if a >= 10.0 => format!("{v:.1}"),
-        a if a >= 0.1 || a == 0.0 => format!("{v:.2}"),
-        _ => format!("{v:.3}"),
-    };
     let mut curves = distinct_of(&cmp.training, |t| (t.arm, t.name.as_str()));
     curves.sort_by_key(|(arm, _)| *arm);
     for (arm, name) in curves {
         let seeds: Vec<&crate::compare::TrainingCurve> = cmp.training.iter().filter(|t| t.arm == arm && t.name == name).collect();
         for t in &seeds {
-            let cols: String = (0..iterations.len()).map(|k| format!(" {} |", window(&t.points, k).map_or("—".into(), number))).collect();
+            let cols: String =
+                (0..iterations.len()).map(|k| format!(" {} |", window(&t.points, k).map_or("—".into(), recorded_number))).collect();
             let _ = writeln!(s, "| {} | {} | seed {} |{cols}", letter(arm), md_escape(name), t.seed);
         }
         if seeds.len() > 1 {
             let cols: String = (0..iterations.len())
                 .map(|k| {
                     let v: Vec<f64> = seeds.iter().filter_map(|t| window(&t.points, k)).collect();
-                    let mean = (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-                    let note = if v.len() < seeds.len() && !v.is_empty() {
-                        format!(" ({} of {} seeds)", v.len(), seeds.len())
-                    } else {
-                        String::new()
-                    };
-                    format!(" {}{note} |", mean.map_or("—".into(), number))
+                    format!(" {} |", mean_of_seeds(&v, seeds.len()))
                 })
                 .collect();
             let _ = writeln!(s, "| {} | {} | mean |{cols}", letter(arm), md_escape(name));
         }
+    }
+}
+
+/// A value a stage recorded (a loss, a count, a rate), to a precision that suits its size.
+fn recorded_number(v: f64) -> String {
+    match v.abs() {
+        a if a >= 100.0 => format!("{v:.0}"),
+        a if a >= 10.0 => format!("{v:.1}"),
+        a if a >= 0.1 || a == 0.0 => format!("{v:.2}"),
+        _ => format!("{v:.3}"),
+    }
+}
+
+/// The mean of the seeds that have a value, saying how many of `seeds` they are when not all.
+fn mean_of_seeds(values: &[f64], seeds: usize) -> String {
+    if values.is_empty() {
+        return "—".into();
+    }
+    let mean = recorded_number(values.iter().sum::<f64>() / values.len() as f64);
+    match values.len() < seeds {
+        true => format!("{mean} ({} of {seeds} seeds)", values.len()),
+        false => mean,
+    }
+}
+
+/// Metrics of stages run once (`warmstart.steps`, …): a row per pipeline and metric, a column
+/// per seed and their mean.
+fn stage_values(s: &mut String, cmp: &Comparison) {
+    let mut seeds = distinct_of(&cmp.stage_values, |v| v.seed);
+    if seeds.is_empty() {
+        return;
+    }
+    seeds.sort_unstable();
+    let head: String = seeds.iter().map(|k| format!(" seed {k} |")).collect();
+    let _ = write!(s, "\n**training**\n\n| | metric |{head} mean |\n|---|---|{}---|\n", "---|".repeat(seeds.len()));
+    let mut rows = distinct_of(&cmp.stage_values, |v| (v.arm, v.name.as_str()));
+    rows.sort_by_key(|(arm, _)| *arm);
+    for (arm, name) in rows {
+        let of_row: Vec<_> = cmp.stage_values.iter().filter(|v| v.arm == arm && v.name == name).collect();
+        let value = |seed: u64| of_row.iter().find(|v| v.seed == seed).and_then(|v| v.value);
+        let cols: String = seeds.iter().map(|&k| format!(" {} |", value(k).map_or("—".into(), recorded_number))).collect();
+        let present: Vec<f64> = of_row.iter().filter_map(|v| v.value).collect();
+        let _ = writeln!(s, "| {} | {} |{cols} {} |", letter(arm), md_escape(name), mean_of_seeds(&present, of_row.len()));
     }
 }
 
@@ -398,6 +431,7 @@ mod tests {
             params: vec![],
             cells: vec![],
             training: curves,
+            stage_values: vec![],
             missing: vec![],
         }
     }
@@ -420,5 +454,20 @@ mod tests {
         assert!(md.contains("| A | rollout.root_success | mean | 0.20 | 0.50 (1 of 2 seeds) |\n"), "{md}");
         // Without a step: every 10th iteration and the last.
         assert_eq!(iteration_columns(&with_training(vec![curve(1, 25)]), None), vec![10, 20, 25]);
+    }
+
+    /// A stage run once: a column per seed of any arm, `—` where an arm's seed is not in the
+    /// store, and a mean over the seeds that are (saying so).
+    #[test]
+    fn values_of_stages_run_once_are_a_column_per_seed() {
+        use crate::compare::StageValue;
+        let value = |arm, seed, value| StageValue { arm, seed, name: "warmstart.steps".into(), value };
+        let mut cmp = with_training(vec![]);
+        cmp.pipelines.push(("q".into(), "q.yaml".into(), vec![1, 3]));
+        cmp.stage_values = vec![value(0, 1, Some(1000.0)), value(0, 2, Some(2500.0)), value(1, 1, Some(0.25)), value(1, 3, None)];
+        let md = markdown(&cmp, Layout::Seeds, true);
+        assert!(md.contains("| | metric | seed 1 | seed 2 | seed 3 | mean |\n"), "{md}");
+        assert!(md.contains("| A | warmstart.steps | 1000 | 2500 | — | 1750 |\n"), "{md}");
+        assert!(md.contains("| B | warmstart.steps | 0.25 | — | — | 0.25 (1 of 2 seeds) |\n"), "{md}");
     }
 }

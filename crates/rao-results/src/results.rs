@@ -252,46 +252,57 @@ pub async fn evaluations(c: &Compiled, store: &Store) -> anyhow::Result<(Vec<(Ev
     Ok((found, missing))
 }
 
-/// Per-iteration metrics of loop stages (`rollout.root_success`: a series, an instance name
-/// without its iteration, and a metric its manifests record), as (name, [(iteration, value)]) in
-/// the order asked; an iteration not in the store is absent. A series the pipeline has no loop
-/// stage of, or a metric none of its finished instances records, is an error naming what there is.
-pub async fn loop_metrics(c: &Compiled, store: &Store, names: &[String]) -> anyhow::Result<Vec<(String, Vec<(u32, f64)>)>> {
+/// One metric of one stage as its manifests record it: a stage run once has a value (`None`: not
+/// in the store), one inside a loop a value per iteration (an iteration not in the store is absent).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StageMetric {
+    Once(Option<f64>),
+    Curve(Vec<(u32, f64)>),
+}
+
+/// The metrics `names` asks for (`rollout.root_success`: a stage — for a loop stage its instance
+/// name without the iteration — and a metric its manifests record), in the order asked. A stage
+/// the pipeline does not have, or a metric none of its finished instances records, is an error
+/// naming what there is.
+pub async fn stage_metrics(c: &Compiled, store: &Store, names: &[String]) -> anyhow::Result<Vec<(String, StageMetric)>> {
     if names.is_empty() {
         return Ok(Vec::new());
     }
-    let rows: Vec<_> = rao_pipeline::plan::rows(c, store).await?.into_iter().filter(|r| r.iteration.is_some()).collect();
+    let rows = rao_pipeline::plan::rows(c, store).await?;
     let mut out = Vec::new();
     for name in names {
-        let Some((series, metric)) = name.rsplit_once('.') else {
-            anyhow::bail!("--training {name}: give a loop stage and one of its metrics, e.g. `rollout.root_success`");
+        let Some((stage, metric)) = name.rsplit_once('.') else {
+            anyhow::bail!("--training {name}: give a stage and one of its metrics, e.g. `rollout.root_success` or `warmstart.steps`");
         };
-        let of_series: Vec<_> = rows.iter().filter(|r| series_of(&r.instance) == series).collect();
-        if of_series.is_empty() {
+        let of_stage: Vec<_> = rows.iter().filter(|r| series_of(&r.instance) == stage).collect();
+        if of_stage.is_empty() {
             let mut known: Vec<String> = rows.iter().map(|r| series_of(&r.instance)).collect();
             known.sort_unstable();
             known.dedup();
-            anyhow::bail!(
-                "--training {name}: {} has no stage `{series}` in a loop; its loop stages: {}",
-                c.file.display(),
-                known.join(", ")
-            );
+            anyhow::bail!("--training {name}: {} has no stage `{stage}`; its stages: {}", c.file.display(), known.join(", "));
         }
         let (mut points, mut recorded) = (Vec::new(), BTreeSet::new());
-        for r in of_series {
-            let (State::Done, Some(fp), Some(k)) = (&r.state, &r.fingerprint, r.iteration) else { continue };
+        for r in &of_stage {
+            let (State::Done, Some(fp)) = (&r.state, &r.fingerprint) else { continue };
             let Some(m) = manifest::read(store, fp).await?.done() else { continue };
             recorded.extend(m.metrics.keys().cloned());
             if let Some(v) = m.metrics.get(metric) {
-                points.push((k, *v));
+                points.push((r.iteration, *v));
             }
         }
         if points.is_empty() && !recorded.is_empty() {
             let known: Vec<String> = recorded.into_iter().collect();
-            anyhow::bail!("--training {name}: `{series}` records no metric `{metric}`; it records {}", known.join(", "));
+            anyhow::bail!("--training {name}: `{stage}` records no metric `{metric}`; it records {}", known.join(", "));
         }
-        points.sort_by_key(|(k, _)| *k);
-        out.push((name.clone(), points));
+        let value = match of_stage.iter().any(|r| r.iteration.is_some()) {
+            true => {
+                let mut curve: Vec<(u32, f64)> = points.into_iter().filter_map(|(k, v)| Some((k?, v))).collect();
+                curve.sort_by_key(|(k, _)| *k);
+                StageMetric::Curve(curve)
+            }
+            false => StageMetric::Once(points.first().map(|(_, v)| *v)),
+        };
+        out.push((name.clone(), value));
     }
     Ok(out)
 }

@@ -35,9 +35,10 @@ pub struct CompareArgs {
     /// differ and the legend (for a document whose text says what A, B, … are).
     #[arg(long)]
     pub brief: bool,
-    /// With `--columns iterations`: training curves too, a loop stage's metric each
-    /// (`rollout.root_success,update.loss`; comma-separated), a cell its mean over the
-    /// iterations since the column before.
+    /// What training stages recorded (comma-separated STAGE.METRIC): with `--columns iterations`
+    /// a loop stage's curve (`rollout.root_success,update.loss`; a cell its mean over the
+    /// iterations since the column before), in the other layouts a value a seed of a stage run
+    /// once (`warmstart.steps,warmstart.gate_node_success`).
     #[arg(long, value_delimiter = ',', value_name = "STAGE.METRIC")]
     pub training: Vec<String>,
     /// With `--columns iterations`: a column every N iterations (default: where the evaluations
@@ -94,8 +95,8 @@ impl Gathered {
 /// `args`' comparison; relative pipeline files are read from `base` (shown as written).
 pub(crate) async fn gather(args: &CompareArgs, base: &std::path::Path, registry: &Registry) -> anyhow::Result<Gathered> {
     let CompareArgs { pipelines, set, seeds, store, metric, evaluation, training, .. } = args;
-    if args.columns != Columns::Iterations && (!training.is_empty() || args.every.is_some()) {
-        anyhow::bail!("--training and --every lay out curves: give them with --columns iterations");
+    if args.columns != Columns::Iterations && args.every.is_some() {
+        anyhow::bail!("--every spaces the columns of curves: give it with --columns iterations");
     }
     // A seed given twice would count one run as two independent ones.
     if let Some(seed) = seeds.iter().enumerate().find_map(|(i, s)| seeds[..i].contains(s).then_some(s)) {
@@ -124,6 +125,7 @@ pub(crate) async fn gather(args: &CompareArgs, base: &std::path::Path, registry:
     for (file, set) in pipelines.iter().zip(&per_arm) {
         let (mut arm, arm_runs) = compare_arm(file, base, set, seeds, store.as_deref(), training, registry).await?;
         select_evaluations(&mut arm, evaluation, args.columns, !training.is_empty())?;
+        check_training_layout(&arm, args.columns)?;
         arms.push(arm);
         runs.push(arm_runs);
     }
@@ -191,6 +193,27 @@ fn select_evaluations(arm: &mut rao_results::compare::Arm, names: &[String], col
     Ok(())
 }
 
+/// A loop stage's metric is a curve, laid out by iterations; a stage run once has one value a
+/// seed, laid out by seeds beside the other layouts' tables.
+fn check_training_layout(arm: &rao_results::compare::Arm, columns: Columns) -> anyhow::Result<()> {
+    use rao_results::results::StageMetric;
+    let curves = columns == Columns::Iterations;
+    for (name, metric) in arm.runs.iter().flat_map(|r| &r.training) {
+        match metric {
+            StageMetric::Curve(_) if !curves => anyhow::bail!(
+                "--training {name}: its stage runs in a loop of {}, a curve: give --columns iterations (a stage run once, such as a warm start, has a value a seed in any layout)",
+                arm.file
+            ),
+            StageMetric::Once(_) if curves => anyhow::bail!(
+                "--training {name}: its stage runs once in {}, not in a loop: it has no curve; lay it out by pipelines, bands or seeds",
+                arm.file
+            ),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 #[derive(Copy, Clone, ValueEnum)]
 pub enum CompareFormat {
     Markdown,
@@ -236,7 +259,7 @@ async fn compare_arm(
         let p = PipelineArgs { pipeline: base.join(file), set: overrides, store: store.map(str::to_string) };
         let (c, st) = load_read_only(&p, registry)?;
         let (evaluations, missing) = rao_results::results::evaluations(&c, &st).await?;
-        let training = rao_results::results::loop_metrics(&c, &st, training).await?;
+        let training = rao_results::results::stage_metrics(&c, &st, training).await?;
         if resolved.is_null() {
             (name, resolved) = (c.name.clone(), (*c.resolved).clone());
         }
