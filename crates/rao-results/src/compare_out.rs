@@ -16,6 +16,11 @@ fn letter(i: usize) -> String {
 fn number(metric: Metric, v: f64) -> String {
     match metric {
         Metric::Success | Metric::MeanScore | Metric::OverflowRate | Metric::MeanDepth => format!("{v:.2}"),
+        // Three significant digits below 0.1 s: paced latencies of a few milliseconds differ there.
+        Metric::SecondsPerTask if v != 0.0 && v.abs() < 0.1 => {
+            let places = (2 - v.abs().log10().floor() as i32) as usize;
+            format!("{v:.places$}")
+        }
         Metric::SecondsPerTask => format!("{v:.3}"),
         _ if v.abs() >= 100.0 => format!("{v:.0}"),
         _ => format!("{v:.1}"),
@@ -299,7 +304,7 @@ fn training(s: &mut String, cmp: &Comparison, iterations: &[u32]) {
             let cols: String = (0..iterations.len())
                 .map(|k| {
                     let v: Vec<f64> = seeds.iter().filter_map(|t| window(&t.points, k)).collect();
-                    format!(" {} |", mean_of_seeds(&v, seeds.len()))
+                    format!(" {} |", mean_of_seeds(&v, seeds.len(), recorded_number))
                 })
                 .collect();
             let _ = writeln!(s, "| {} | {} | mean |{cols}", letter(arm), md_escape(name));
@@ -317,12 +322,22 @@ fn recorded_number(v: f64) -> String {
     }
 }
 
+/// A value a stage run once recorded, in a row that holds only whole numbers (`whole`: counts,
+/// steps) or not: a rate to three places (a gate of 0.9 missed at 0.896 is not shown as 0.90).
+fn stage_number(v: f64, whole: bool) -> String {
+    match v.abs() {
+        a if whole || a >= 100.0 => format!("{v:.0}"),
+        a if a >= 10.0 => format!("{v:.1}"),
+        _ => format!("{v:.3}"),
+    }
+}
+
 /// The mean of the seeds that have a value, saying how many of `seeds` they are when not all.
-fn mean_of_seeds(values: &[f64], seeds: usize) -> String {
+fn mean_of_seeds(values: &[f64], seeds: usize, number: impl Fn(f64) -> String) -> String {
     if values.is_empty() {
         return "—".into();
     }
-    let mean = recorded_number(values.iter().sum::<f64>() / values.len() as f64);
+    let mean = number(values.iter().sum::<f64>() / values.len() as f64);
     match values.len() < seeds {
         true => format!("{mean} ({} of {seeds} seeds)", values.len()),
         false => mean,
@@ -344,9 +359,11 @@ fn stage_values(s: &mut String, cmp: &Comparison) {
     for (arm, name) in rows {
         let of_row: Vec<_> = cmp.stage_values.iter().filter(|v| v.arm == arm && v.name == name).collect();
         let value = |seed: u64| of_row.iter().find(|v| v.seed == seed).and_then(|v| v.value);
-        let cols: String = seeds.iter().map(|&k| format!(" {} |", value(k).map_or("—".into(), recorded_number))).collect();
         let present: Vec<f64> = of_row.iter().filter_map(|v| v.value).collect();
-        let _ = writeln!(s, "| {} | {} |{cols} {} |", letter(arm), md_escape(name), mean_of_seeds(&present, of_row.len()));
+        let whole = present.iter().all(|v| v.fract() == 0.0);
+        let number = |v: f64| stage_number(v, whole);
+        let cols: String = seeds.iter().map(|&k| format!(" {} |", value(k).map_or("—".into(), number))).collect();
+        let _ = writeln!(s, "| {} | {} |{cols} {} |", letter(arm), md_escape(name), mean_of_seeds(&present, of_row.len(), number));
     }
 }
 
@@ -456,6 +473,15 @@ mod tests {
         assert_eq!(iteration_columns(&with_training(vec![curve(1, 25)]), None), vec![10, 20, 25]);
     }
 
+    #[test]
+    fn latencies_of_milliseconds_keep_three_significant_digits() {
+        let shown = |v| number(Metric::SecondsPerTask, v);
+        assert_eq!(
+            [shown(0.00481), shown(0.0141), shown(0.098), shown(0.25), shown(0.0)],
+            ["0.00481", "0.0141", "0.0980", "0.250", "0.000"]
+        );
+    }
+
     /// A stage run once: a column per seed of any arm, `—` where an arm's seed is not in the
     /// store, and a mean over the seeds that are (saying so).
     #[test]
@@ -465,9 +491,12 @@ mod tests {
         let mut cmp = with_training(vec![]);
         cmp.pipelines.push(("q".into(), "q.yaml".into(), vec![1, 3]));
         cmp.stage_values = vec![value(0, 1, Some(1000.0)), value(0, 2, Some(2500.0)), value(1, 1, Some(0.25)), value(1, 3, None)];
+        cmp.stage_values
+            .extend([1.0, 0.875].map(|v| StageValue { name: "warmstart.gate".into(), ..value(0, 1 + (v < 1.0) as u64, Some(v)) }));
         let md = markdown(&cmp, Layout::Seeds, true);
         assert!(md.contains("| | metric | seed 1 | seed 2 | seed 3 | mean |\n"), "{md}");
         assert!(md.contains("| A | warmstart.steps | 1000 | 2500 | — | 1750 |\n"), "{md}");
-        assert!(md.contains("| B | warmstart.steps | 0.25 | — | — | 0.25 (1 of 2 seeds) |\n"), "{md}");
+        assert!(md.contains("| A | warmstart.gate | 1.000 | 0.875 | — | 0.938 |\n"), "a rate stays a rate where it is 1: {md}");
+        assert!(md.contains("| B | warmstart.steps | 0.250 | — | — | 0.250 (1 of 2 seeds) |\n"), "{md}");
     }
 }
